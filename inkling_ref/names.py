@@ -1,0 +1,97 @@
+"""Tensor names: our readable module names <-> the released checkpoint layout.
+
+Released names (`model.llm.*` for the trunk, `model.mtp.*` for the MTP head) live only here and in
+the loader; modules use readable names (`q_proj`, `gate_up`). Every mapping is 1:1 with identical
+shapes and element order (the interleaved w13 stays interleaved), so loading is a rename.
+"""
+
+from __future__ import annotations
+
+import re
+
+# suffix inside one block (trunk layer or MTP depth's transformer_block): ours -> released
+BLOCK_SUFFIXES = {
+    "attn_norm.weight": "attn_norm.weight",
+    "mlp_norm.weight": "mlp_norm.weight",
+    "attn.q_proj.weight": "attn.wq_du.weight",
+    "attn.k_proj.weight": "attn.wk_dv.weight",
+    "attn.v_proj.weight": "attn.wv_dv.weight",
+    "attn.r_proj.weight": "attn.wr_du.weight",
+    "attn.o_proj.weight": "attn.wo_ud.weight",
+    "attn.q_norm.weight": "attn.q_norm.weight",
+    "attn.k_norm.weight": "attn.k_norm.weight",
+    "attn.k_conv.weight": "attn.k_sconv.weight",
+    "attn.v_conv.weight": "attn.v_sconv.weight",
+    "attn.rel_proj": "attn.rel_logits_proj.proj",
+    "attn_conv.weight": "attn_sconv.weight",
+    "mlp_conv.weight": "mlp_sconv.weight",
+    # dense MLP
+    "mlp.gate_up.weight": "mlp.w13_dn.weight",
+    "mlp.down.weight": "mlp.w2_md.weight",
+    "mlp.global_scale": "mlp.global_scale",
+    # MoE
+    "mlp.router": "mlp.gate.weight",
+    "mlp.router_bias": "mlp.gate.bias",
+    "mlp.gate_global_scale": "mlp.gate.global_scale",
+    "mlp.experts_gate_up": "mlp.experts.w13_weight",
+    "mlp.experts_down": "mlp.experts.w2_weight",
+    "mlp.shared_gate_up": "mlp.shared_experts.shared_w13_weight",
+    "mlp.shared_down": "mlp.shared_experts.shared_w2_weight",
+}
+TOP_LEVEL = {
+    "trunk.embed.weight": "model.llm.embed.weight",
+    "trunk.embed_norm.weight": "model.llm.embed_norm.weight",
+    "trunk.norm.weight": "model.llm.norm.weight",
+    "trunk.unembed.weight": "model.llm.unembed.weight",
+    "mtp.chain_norm.weight": "model.mtp.chain_norm.weight",
+}
+DEPTH_OWN = {  # MTP depth parameters outside its block
+    "hidden_norm.weight": "hidden_norm.weight",
+    "embed_norm.weight": "embed_norm.weight",
+    "input_proj.weight": "input_proj.weight",
+}
+_RELEASED_BLOCK = {v: k for k, v in BLOCK_SUFFIXES.items()}
+_RELEASED_TOP = {v: k for k, v in TOP_LEVEL.items()}
+_RELEASED_DEPTH = {v: k for k, v in DEPTH_OWN.items()}
+
+
+def to_released(name: str) -> str:
+    """Our parameter name -> the released checkpoint name."""
+    if name in TOP_LEVEL:
+        return TOP_LEVEL[name]
+    m = re.fullmatch(r"trunk\.layers\.(\d+)\.(.+)", name)
+    if m and m.group(2) in BLOCK_SUFFIXES:
+        return f"model.llm.layers.{m.group(1)}.{BLOCK_SUFFIXES[m.group(2)]}"
+    m = re.fullmatch(r"mtp\.depths\.(\d+)\.block\.(.+)", name)
+    if m and m.group(2) in BLOCK_SUFFIXES:
+        return f"model.mtp.layers.{m.group(1)}.transformer_block.{BLOCK_SUFFIXES[m.group(2)]}"
+    m = re.fullmatch(r"mtp\.depths\.(\d+)\.(.+)", name)
+    if m and m.group(2) in DEPTH_OWN:
+        return f"model.mtp.layers.{m.group(1)}.{DEPTH_OWN[m.group(2)]}"
+    raise KeyError(f"no released name for parameter {name}")
+
+
+def from_released(name: str) -> str | None:
+    """Released checkpoint name -> our parameter name (None when the name is not part of the model)."""
+    if name in _RELEASED_TOP:
+        return _RELEASED_TOP[name]
+    m = re.fullmatch(r"model\.llm\.layers\.(\d+)\.(.+)", name)
+    if m and m.group(2) in _RELEASED_BLOCK:
+        return f"trunk.layers.{m.group(1)}.{_RELEASED_BLOCK[m.group(2)]}"
+    m = re.fullmatch(r"model\.mtp\.layers\.(\d+)\.transformer_block\.(.+)", name)
+    if m and m.group(2) in _RELEASED_BLOCK:
+        return f"mtp.depths.{m.group(1)}.block.{_RELEASED_BLOCK[m.group(2)]}"
+    m = re.fullmatch(r"model\.mtp\.layers\.(\d+)\.(.+)", name)
+    if m and m.group(2) in _RELEASED_DEPTH:
+        return f"mtp.depths.{m.group(1)}.{_RELEASED_DEPTH[m.group(2)]}"
+    return None
+
+
+def is_mtp(released_name: str) -> bool:
+    return released_name.startswith("model.mtp.")
+
+
+def mtp_depth_of(released_name: str) -> int | None:
+    """The MTP depth a released tensor belongs to (None for the chain norm and trunk tensors)."""
+    m = re.match(r"model\.mtp\.layers\.(\d+)\.", released_name)
+    return int(m.group(1)) if m else None
