@@ -1,0 +1,114 @@
+"""Benchmark harness for the fast-path kernels (a script library, never a test).
+
+Method (tool library `device/METHOD.md`): warm-up, CUDA-event timing through
+`triton.testing.do_bench`, median of many runs, input sets rotated so that together they exceed the
+L2 cache (60 MB on the H200), and every kernel compared in the same run against
+  * its plain vectorized-torch twin (the baseline), and
+  * the floor: the bytes it must move over the device-to-device copy bandwidth measured here.
+
+A benchmark module `benchmarks/bench_<name>.py` defines
+    SECTION = "Title of its table"
+    def run(ctx: Context) -> list[Row]
+and `python benchmarks/kernels.py` runs them all and writes `docs/benchmarks/kernels.md`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import subprocess
+from dataclasses import dataclass, field
+
+import torch
+
+L2_BYTES = 60 * 2**20  # H200 L2 cache
+ROTATE_BYTES = 4 * L2_BYTES  # input sets rotated per benchmark cover at least this many bytes
+
+
+@dataclass
+class Row:
+    kernel: str
+    case: str          # e.g. "H=4096 T=1 bf16"
+    bytes: int         # the floor's byte count (each input read once, each output written once)
+    ms: float          # the kernel, median
+    ms_twin: float | None = None   # the torch twin, median
+    note: str = ""
+
+
+@dataclass
+class Context:
+    copy_gbps: float                      # measured device-to-device copy bandwidth, bytes read + written
+    device_name: str
+    results: list[Row] = field(default_factory=list)
+
+
+def measure_copy_bandwidth(nbytes: int = 2 * 2**30) -> float:
+    """GB/s of a large device-to-device copy, counting bytes read plus bytes written."""
+    import triton.testing
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def rotating_inputs(make, bytes_per_set: int):
+    """Build enough input sets (via `make()`) to cover ROTATE_BYTES; returns the list of sets."""
+    n = max(2, -(-ROTATE_BYTES // max(bytes_per_set, 1)))
+    return [make() for _ in range(min(n, 64))]
+
+
+def bench(fn, sets) -> float:
+    """Median ms of fn(*s), cycling through the input sets so no run reads a warm cache."""
+    import triton.testing
+
+    cycle = itertools.cycle(sets)
+    return triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=25, rep=200, return_mode="median")
+
+
+def bench_graph(fn, sets) -> float:
+    """Median ms per call when the calls are replayed from a CUDA graph (removes launch gaps).
+    One graph holds one call per input set; time = graph time / number of sets."""
+    import triton.testing
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for s in sets:  # warm-up / compile outside the capture
+            fn(*s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for s in sets:
+            fn(*s)
+    ms = triton.testing.do_bench(graph.replay, warmup=10, rep=200, return_mode="median")
+    return ms / len(sets)
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "")
+    except Exception:
+        return "unknown"
+
+
+def markdown_table(ctx: Context, section: str, rows: list[Row]) -> str:
+    lines = [f"## {section}", "",
+             "| kernel | case | bytes (floor) | kernel µs | % of copy BW | torch twin µs | speedup | note |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        floor_ms = r.bytes / (ctx.copy_gbps * 1e9) * 1e3
+        pct = 100 * floor_ms / r.ms if r.ms > 0 else float("nan")
+        twin = f"{r.ms_twin * 1e3:.1f}" if r.ms_twin is not None else "-"
+        speed = f"{r.ms_twin / r.ms:.2f}x" if r.ms_twin is not None else "-"
+        lines.append(f"| {r.kernel} | {r.case} | {r.bytes:,} | {r.ms * 1e3:.1f} | {pct:.0f}% | {twin} | {speed} | {r.note} |")
+    return "\n".join(lines) + "\n"
+
+
+def header(ctx: Context, command: str) -> str:
+    return (f"GPU: {ctx.device_name}; torch {torch.__version__}; date {datetime.date.today()}; "
+            f"commit {git_commit()}\n\nCommand: `{command}`\n\n"
+            f"Measured device-to-device copy bandwidth (bytes read + written): {ctx.copy_gbps:.0f} GB/s. "
+            "'% of copy BW' = (floor bytes / copy bandwidth) / kernel time. Times are medians of "
+            "`triton.testing.do_bench` over input sets rotated to exceed the 60 MB L2.\n")
