@@ -4,6 +4,7 @@ from .cache import LayerCache, TrunkCache
 from .config import ConfigError, InklingConfig
 from .model import InklingModel
 from .random_init import random_model, randomize_
+from . import speculative  # noqa: E402  (the cycle: prefill, draft, verify, accept_greedy, commit)
 
 __all__ = ["ConfigError", "InklingConfig", "InklingModel", "LayerCache", "TrunkCache", "random_model",
-           "randomize_"]
+           "randomize_", "speculative"]

@@ -42,6 +42,8 @@ class LayerCache:
         """Keep positions 0..n-1, drop the rest (the reference's rollback)."""
         if n < 0 or n > self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {n}")
+        if self.keys is None:  # empty cache: nothing to drop
+            return
         self.keys, self.values = self.keys[:, :, :n], self.values[:, :, :n]
         for name in ("k_conv_in", "v_conv_in", "attn_conv_in", "mlp_conv_in"):
             setattr(self, name, getattr(self, name)[:, :n])
