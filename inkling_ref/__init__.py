@@ -5,6 +5,9 @@ from .config import ConfigError, InklingConfig
 from .model import InklingModel
 from .random_init import random_model, randomize_
 from . import speculative  # noqa: E402  (the cycle: prefill, draft, verify, accept_greedy, commit)
+from .generate import AcceptanceStats, CycleRecord, GenerationResult, generate  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
 
 __all__ = ["ConfigError", "InklingConfig", "InklingModel", "LayerCache", "TrunkCache", "random_model",
-           "randomize_", "speculative"]
+           "randomize_", "speculative", "generate", "GenerationResult", "CycleRecord",
+           "AcceptanceStats", "SamplingParams"]

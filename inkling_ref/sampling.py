@@ -1,0 +1,95 @@
+"""Sampling and speculative rejection sampling, written as functions of explicit uniforms.
+
+Every random choice below takes its uniform number u in [0, 1) as an argument instead of drawing
+it: `generate` draws them from a per-sequence generator, tests feed scripted ones, and the fast
+path can be checked against this code by feeding both the same uniforms.
+
+    probs(logits)           temperature, then top-k, then top-p; temperature 0 = one-hot argmax
+    sample(probs, u)        inverse CDF: the smallest id whose cumulative probability exceeds u
+    rejection_sample(...)   Leviathan et al.: accept d_j with probability min(1, p(d_j)/q(d_j));
+                            at the first rejection sample from normalize(max(p - q, 0));
+                            if all k are accepted, the bonus comes from p at row k
+Greedy drafting is the special case of a one-hot q.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 (or None), got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (or None), got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits: [..., V] -> a probability distribution [..., V] (float64).
+
+    Temperature 0 gives the one-hot argmax (ties to the lowest id). Otherwise: softmax(logits / T),
+    then keep the k most likely ids (ties broken towards lower ids), then keep the smallest set of
+    most likely ids whose total probability reaches top_p; renormalize after each filter."""
+    logits = logits.to(torch.float64)
+    V = logits.shape[-1]
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), V).to(torch.float64)
+    p = torch.softmax(logits / params.temperature, dim=-1)
+    # a stable descending order: equal probabilities keep increasing id order
+    order = torch.sort(p, dim=-1, descending=True, stable=True).indices
+    sorted_p = p.gather(-1, order)
+    keep = torch.ones_like(sorted_p, dtype=torch.bool)
+    if params.top_k is not None:
+        keep[..., params.top_k:] = False
+    sorted_p = torch.where(keep, sorted_p, 0.0)
+    sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
+    if params.top_p is not None:
+        before = sorted_p.cumsum(-1) - sorted_p  # mass of the more likely ids
+        keep &= before < params.top_p            # the first id is always kept
+    filtered = torch.zeros_like(p).scatter(-1, order, torch.where(keep, sorted_p, 0.0))
+    return filtered / filtered.sum(-1, keepdim=True)
+
+
+def sample(p: torch.Tensor, u: float) -> int:
+    """p: [V] probabilities (need not be normalized), u in [0, 1) -> the smallest id i with
+    cumsum(p)[i] > u * sum(p). Ids of probability 0 are never returned."""
+    c = p.to(torch.float64).cumsum(-1)
+    i = int(torch.searchsorted(c, torch.tensor([u * float(c[-1])], dtype=torch.float64), right=True)[0])
+    i = min(i, p.shape[-1] - 1)
+    while p[i] <= 0:  # guard against rounding landing on a zero-probability id
+        i -= 1
+    return i
+
+
+def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: list[int],
+                     u_accept: list[float], u_final: float) -> tuple[int, int]:
+    """Speculative sampling for one sequence.
+
+    p: [k+1, V] target (trunk) probabilities, row j judges d_{j+1}, row k gives the bonus;
+    q: [k, V] draft probabilities the drafts were drawn from (one-hot for greedy drafting);
+    u_accept: k uniforms, u_final: one uniform. Returns (a, b): a drafts accepted, then token b."""
+    k = len(drafts)
+    for j in range(k):
+        d = drafts[j]
+        # accept with probability min(1, p/q):  u < p/q  <=>  u * q < p
+        if u_accept[j] * float(q[j, d]) < float(p[j, d]):
+            continue
+        residual = (p[j] - q[j]).clamp(min=0)
+        if float(residual.sum()) <= 0:  # p == q: any rejection is a measure-zero event; use p
+            residual = p[j]
+        return j, sample(residual, u_final)
+    return k, sample(p[k], u_final)
