@@ -87,8 +87,24 @@ def from_released(name: str) -> str | None:
     return None
 
 
+# Released tensors of the other towers of the multimodal checkpoint: not part of the text model.
+OTHER_TOWERS = ("model.visual.", "model.audio.")
+# Leaf names of the extra tensors a quantized checkpoint (e.g. NVFP4) stores next to its packed weights.
+QUANT_SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale")
+
+
 def is_mtp(released_name: str) -> bool:
     return released_name.startswith("model.mtp.")
+
+
+def is_other_tower(released_name: str) -> bool:
+    """A vision or audio tensor of the multimodal checkpoint (ignored by the text model)."""
+    return released_name.startswith(OTHER_TOWERS)
+
+
+def is_quant_scale(released_name: str) -> bool:
+    """A quantization scale (`...wq_du.weight_scale`, `...experts.w13_weight_scale_2`, `...input_scale`)."""
+    return released_name.rsplit(".", 1)[-1].endswith(QUANT_SCALE_SUFFIXES)
 
 
 def mtp_depth_of(released_name: str) -> int | None:

@@ -41,6 +41,9 @@ _ATTN = {  # released suffix -> transformers suffix, inside one layer
     "mlp.shared_experts.shared_w2_weight": "mlp.shared_experts.down_proj",
 }
 _ATTN_BACK = {v: k for k, v in _ATTN.items()}
+# vision / audio tensors of a multimodal checkpoint, in the transformers and in the released spelling
+TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.multi_modal_projector.", "model.visual.",
+          "model.audio.")
 _TOP = {
     "model.llm.embed.weight": "embed_tokens.weight",
     "model.llm.embed_norm.weight": "embed_tokens.embed_norm.weight",
@@ -94,12 +97,17 @@ def from_released(sd: dict[str, torch.Tensor], prefix: str = "model.") -> dict[s
 
 def to_released(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers `InklingForCausalLM` / `InklingForConditionalGeneration` text tensors -> released
-    names. Vision and audio towers are ignored. Raises KeyError naming every tensor it cannot place."""
+    names. Vision and audio towers are dropped; tensors that already carry released text names
+    (`model.llm.*`, `model.mtp.*`) pass through unchanged. Raises KeyError naming every tensor it
+    cannot place. Works on meta tensors too (a dry run that only checks names and shapes)."""
     out, unknown = {}, []
     pending: dict[str, dict[str, torch.Tensor]] = {}  # split tensors waiting for their other half
     top_back = {v: k for k, v in _TOP.items()}
     for name, w in sd.items():
-        if name.startswith(("model.vision_tower.", "model.audio_tower.", "model.multi_modal_projector.")):
+        if name.startswith(TOWERS):
+            continue
+        if name.startswith(("model.llm.", "model.mtp.")):
+            out[name] = w
             continue
         if name == "lm_head.weight":
             out["model.llm.unembed.weight"] = w

@@ -1,0 +1,423 @@
+"""Checkpoints in the released layout: `load_checkpoint`, `save_checkpoint`, and the conversion
+from the transformers layout (`convert_transformers_checkpoint`, run by `inkling-mtp convert`).
+
+A checkpoint is a directory:
+
+    config.json                          released spelling: text_config + mtp_config
+    model.safetensors                    the trunk, `model.llm.*`            (one file), or
+    model-00001-of-0000N.safetensors ... the trunk in shards, with
+    model.safetensors.index.json         {"weight_map": {tensor name: shard file}}
+    mtp.safetensors                      the MTP head, `model.mtp.*`; the index may not list it
+
+Which tensors exist decides what is loaded: the MTP head is detected by the presence of
+`model.mtp.*` tensors (in any file), never by the index. Vision and audio tensors
+(`model.visual.*`, `model.audio.*`) are ignored. Safetensors only: nothing is ever unpickled.
+
+Every check reads only the safetensors headers, and reports every offending tensor at once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from . import names, transformers_layout
+from .config import ConfigError, InklingConfig, intermediate_size_reading
+from .model import InklingModel
+
+CONFIG = "config.json"
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+MTP_FILE = "mtp.safetensors"
+LOADABLE_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                   torch.float16: "float16"}
+FLOAT_FILE_DTYPES = {"F32", "F64", "BF16", "F16"}  # safetensors dtype codes the reference can run
+# tensors never rounded below the precision they are stored in (the router bias only picks experts,
+# and a bf16 copy of an fp32 bias changes which ones)
+KEEP_STORED_PRECISION = ("mlp.router_bias",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded as asked. The message names the file or tensors."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What a safetensors header says about one tensor."""
+    file: str               # file name inside the checkpoint directory
+    dtype: str              # safetensors dtype code: "BF16", "F32", "U8", "F8_E4M3", ...
+    shape: tuple[int, ...]
+
+
+# ---------------------------------------------------------------------- reading a directory
+def _directory(path) -> Path:
+    d = Path(path)
+    if not d.exists():
+        raise CheckpointError(f"checkpoint directory {d} does not exist")
+    if not d.is_dir():
+        raise CheckpointError(f"{d} is a file; pass the checkpoint directory (the one holding {CONFIG})")
+    return d
+
+
+def read_config(directory: Path) -> tuple[InklingConfig, dict]:
+    """(config, raw JSON) of a checkpoint directory."""
+    path = directory / CONFIG
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: missing {CONFIG} (a checkpoint directory holds {CONFIG}, "
+                              f"{SINGLE} or {INDEX} with its shards, and {MTP_FILE} for the MTP head)")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: malformed JSON: {e}") from None
+    try:
+        return InklingConfig.from_dict(raw), raw
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def tensor_files(directory: Path) -> tuple[list[str], dict[str, str] | None]:
+    """The safetensors files to read, and the index's weight map (None without an index)."""
+    index_path = directory / INDEX
+    if index_path.is_file():
+        try:
+            index = json.loads(index_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{index_path}: malformed JSON: {e}") from None
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index_path}: needs a 'weight_map' object mapping tensor names to shard files")
+        files = sorted(set(weight_map.values()))
+        outside = [f for f in files if Path(f).name != f]
+        if outside:
+            raise CheckpointError(f"{index_path}: shard names must be plain file names in the checkpoint "
+                                  f"directory, got {outside}")
+        missing = [f for f in files if not (directory / f).is_file()]
+        if missing:
+            counts = {f: sum(v == f for v in weight_map.values()) for f in missing}
+            raise CheckpointError(f"{index_path} points to {len(missing)} missing shard file(s): "
+                                  + ", ".join(f"{f} ({counts[f]} tensors)" for f in missing))
+    elif (directory / SINGLE).is_file():
+        files, weight_map = [SINGLE], None
+    else:
+        pickled = sorted(p.name for p in directory.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        hint = (f"; found {pickled}, which would need unpickling: only safetensors files are read, "
+                "convert them to safetensors first") if pickled else ""
+        raise CheckpointError(f"{directory}: no {SINGLE} and no {INDEX}{hint}")
+    if (directory / MTP_FILE).is_file() and MTP_FILE not in files:
+        files.append(MTP_FILE)  # releases keep the MTP head in a shard the index does not list
+    return files, weight_map
+
+
+def read_headers(directory: Path, files: list[str], weight_map: dict[str, str] | None) -> dict[str, TensorInfo]:
+    """Name -> TensorInfo for every tensor of every file (headers only: no tensor data is read)."""
+    infos: dict[str, TensorInfo] = {}
+    duplicates = []
+    for f in files:
+        try:
+            with safe_open(directory / f, framework="pt") as s:
+                for name in s.keys():
+                    piece = s.get_slice(name)
+                    info = TensorInfo(f, piece.get_dtype(), tuple(piece.get_shape()))
+                    if name in infos:
+                        duplicates.append(f"{name} (in {infos[name].file} and {f})")
+                    else:
+                        infos[name] = info
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{directory / f}: not a readable safetensors file ({e})") from None
+    if duplicates:
+        raise CheckpointError(f"{directory}: tensors stored twice ({len(duplicates)}): "
+                              + ", ".join(sorted(duplicates)))
+    if weight_map is not None:
+        wrong = [f"{n} (index: {f}, actually: {infos[n].file if n in infos else 'in no file'})"
+                 for n, f in sorted(weight_map.items()) if n not in infos or infos[n].file != f]
+        if wrong:
+            raise CheckpointError(f"{directory / INDEX} lists tensors that are not where it says "
+                                  f"({len(wrong)}): " + ", ".join(wrong))
+    return infos
+
+
+# ---------------------------------------------------------------------- checking against the config
+def _listing(title: str, items: list[str]) -> str:
+    return f"  {title} ({len(items)}):\n" + "".join(f"    {x}\n" for x in items)
+
+
+def expected_shapes(config: InklingConfig, num_mtp_depths: int) -> dict[str, tuple[int, ...]]:
+    """Released name -> shape of every tensor a model with `num_mtp_depths` depths needs."""
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        model = InklingModel(config, num_mtp_depths=num_mtp_depths)
+    return {names.to_released(n): tuple(p.shape) for n, p in model.named_parameters()}
+
+
+def check_quantized(where, infos: dict[str, TensorInfo]) -> None:
+    """Refuse quantized tensors (packed integer / float8 weights and their scale tensors)."""
+    bad = sorted(f"{n} [{i.dtype} {list(i.shape)}]" for n, i in infos.items()
+                 if not names.is_other_tower(n) and (names.is_quant_scale(n) or i.dtype not in FLOAT_FILE_DTYPES))
+    if bad:
+        raise CheckpointError(
+            f"{where} holds quantized tensors (e.g. NVFP4 packed uint8 weights with their scales), which the "
+            "reference cannot run: it needs bf16, fp16, fp32 or fp64 weights. Use the unquantized "
+            "(bf16) checkpoint.\n" + _listing("quantized or scale tensors", bad))
+
+
+def plan_load(where, config: InklingConfig, raw: dict, infos: dict[str, TensorInfo],
+              num_mtp_depths: int | None) -> tuple[int, list[str]]:
+    """Decide how many MTP depths to load and check every tensor it needs against the config.
+
+    Returns (depths to load, the released names to read). Raises CheckpointError listing every missing,
+    misshapen and unexpected tensor."""
+    check_quantized(where, infos)
+    text = {n: i for n, i in infos.items() if not names.is_other_tower(n)}
+    declared = config.num_mtp_depths
+    full = expected_shapes(config, declared)
+
+    # MTP depths present in the files: the first `complete` depths have every tensor
+    complete = 0
+    while complete < declared and all(n in text for n in full if names.mtp_depth_of(n) == complete):
+        complete += 1
+    has_mtp = any(names.is_mtp(n) for n in text)
+    if num_mtp_depths is None:
+        k = declared if has_mtp else 0  # no MTP tensors at all: a trunk without a head
+    else:
+        if not isinstance(num_mtp_depths, int) or isinstance(num_mtp_depths, bool) or num_mtp_depths < 0:
+            raise CheckpointError(f"num_mtp_depths must be an integer >= 0 or None, got {num_mtp_depths!r}")
+        k = num_mtp_depths
+        if k > declared or k > complete:
+            raise CheckpointError(
+                f"num_mtp_depths={k} requested, but {where} has {complete} complete MTP depth(s) "
+                f"(its config.json declares {declared})"
+                + (f"; depth {complete} lacks: " + ", ".join(sorted(
+                    n for n in full if names.mtp_depth_of(n) == complete and n not in text))
+                   if complete < min(k, declared) else ""))
+
+    expected = expected_shapes(config, k)
+    # tensors of depths beyond the k loaded ones are simply not read
+    skipped = {n for n in text if names.is_mtp(n) and n not in expected and (
+        (names.mtp_depth_of(n) is not None and k <= names.mtp_depth_of(n) < declared)
+        or (k == 0 and declared > 0 and n == "model.mtp.chain_norm.weight"))}
+    missing = sorted(n for n in expected if n not in text)
+    unexpected = sorted(n for n in text if n not in expected and n not in skipped)
+    misshapen = sorted(f"{n} expected {list(s)} got {list(text[n].shape)}"
+                       for n, s in expected.items() if n in text and tuple(text[n].shape) != s)
+    if missing or unexpected or misshapen:
+        msg = f"{where} does not match its config.json (loading {k} MTP depth(s)):\n"
+        if missing:
+            msg += _listing("missing tensors", missing)
+            if num_mtp_depths is None and complete < declared and all(names.is_mtp(n) for n in missing):
+                msg += (f"  (the first {complete} MTP depth(s) are complete: num_mtp_depths={complete} "
+                        "loads only those)\n")
+        if misshapen:
+            msg += _listing("misshapen tensors", misshapen)
+            if any(".mlp." in m for m in misshapen):
+                msg += f"  (MLP widths: {intermediate_size_reading(raw.get('text_config', raw))})\n"
+        if unexpected:
+            msg += _listing("unexpected tensors", unexpected)
+            if declared == 0 and any(names.is_mtp(n) for n in unexpected):
+                msg += "  (config.json declares no MTP depths: its mtp_config is missing or says 0)\n"
+            if any(re.match(r"(model\.)?(language_model\.)?layers\.\d+\.self_attn\.", n) for n in unexpected):
+                msg += "  (these are transformers names: run `inkling-mtp convert SRC DST` first)\n"
+        raise CheckpointError(msg.rstrip("\n"))
+    return k, sorted(expected)
+
+
+# ---------------------------------------------------------------------- load
+def _loadable_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, str):
+        by_name = {v: k for k, v in LOADABLE_DTYPES.items()}
+        dtype = by_name.get(dtype.removeprefix("torch."), dtype)
+    if not isinstance(dtype, torch.dtype) or dtype not in LOADABLE_DTYPES:
+        raise CheckpointError(f"dtype={dtype!r} cannot be loaded: the reference runs in "
+                              f"{', '.join('torch.' + n for n in LOADABLE_DTYPES.values())}")
+    return dtype
+
+
+def load_checkpoint(path, dtype=torch.float32, device="cpu", num_mtp_depths: int | None = None) -> InklingModel:
+    """Load a released-layout checkpoint directory into an `InklingModel`.
+
+    dtype: float32, float64, bfloat16 or float16 (every tensor is cast to it, except the MoE router bias,
+    which keeps fp32 when stored in fp32 and a 16-bit dtype is asked). num_mtp_depths: how many MTP
+    depths to build and load; None loads all the config declares when the checkpoint has MTP tensors, and
+    a trunk without a head when it has none."""
+    dtype = _loadable_dtype(dtype)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise CheckpointError(f"device={device!r} is not a torch device ({e})") from None
+    directory = _directory(path)
+    config, raw = read_config(directory)
+    files, weight_map = tensor_files(directory)
+    infos = read_headers(directory, files, weight_map)
+    k, wanted = plan_load(f"checkpoint {directory}", config, raw, infos, num_mtp_depths)
+
+    with torch.device("meta"):  # parameters are assigned below; no random init is allocated
+        model = InklingModel(config, num_mtp_depths=k)
+    state = {}
+    for f in files:
+        here = [n for n in wanted if infos[n].file == f]
+        if not here:
+            continue
+        with safe_open(directory / f, framework="pt", device="cpu") as s:
+            for released in here:
+                ours = names.from_released(released)
+                t = s.get_tensor(released)
+                target = dtype
+                if ours.endswith(KEEP_STORED_PRECISION) and t.dtype.itemsize > dtype.itemsize:
+                    target = t.dtype
+                # copy=True: a fresh, allocator-aligned buffer, so the loaded model computes bit for bit
+                # like the saved one (CPU kernels may round differently on misaligned memory)
+                state[ours] = t.to(device=device, dtype=target, copy=True)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+# ---------------------------------------------------------------------- save
+class ShardWriter:
+    """Writes trunk tensors into `model.safetensors`, or into shards of at most `max_shard_bytes`
+    (a tensor larger than that gets a shard of its own) plus `model.safetensors.index.json`, and
+    MTP tensors into `mtp.safetensors` (not listed in the index, as in the releases). Tensors are
+    added one at a time so that a conversion never holds more than one shard in memory."""
+
+    def __init__(self, directory: Path, max_shard_bytes: int | None = None):
+        if max_shard_bytes is not None and (not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0):
+            raise CheckpointError(f"max_shard_bytes must be a positive integer or None, got {max_shard_bytes!r}")
+        self.directory, self.max_bytes = directory, max_shard_bytes
+        self.shard: dict[str, torch.Tensor] = {}
+        self.shard_bytes = 0
+        self.written: list[tuple[str, list[str]]] = []  # (temporary file, names)
+        self.mtp: dict[str, torch.Tensor] = {}
+        self.total_bytes = 0
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        t = t.detach().to("cpu").contiguous()
+        if names.is_mtp(name):
+            self.mtp[name] = t
+            return
+        size = t.numel() * t.element_size()
+        if self.max_bytes is not None and self.shard and self.shard_bytes + size > self.max_bytes:
+            self._flush()
+        self.shard[name] = t
+        self.shard_bytes += size
+        self.total_bytes += size
+
+    def _flush(self) -> None:
+        tmp = f".shard-{len(self.written):05d}.tmp"
+        save_file(self.shard, str(self.directory / tmp), metadata={"format": "pt"})
+        self.written.append((tmp, sorted(self.shard)))
+        self.shard, self.shard_bytes = {}, 0
+
+    def close(self) -> list[str]:
+        """Write what is left; returns the files written."""
+        if self.shard or not self.written:
+            self._flush()
+        out = []
+        if len(self.written) == 1:
+            (self.directory / self.written[0][0]).rename(self.directory / SINGLE)
+            out.append(SINGLE)
+        else:
+            n, weight_map = len(self.written), {}
+            for i, (tmp, shard_names) in enumerate(self.written):
+                final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+                (self.directory / tmp).rename(self.directory / final)
+                weight_map.update({name: final for name in shard_names})
+                out.append(final)
+            index = {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+            (self.directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+            out.append(INDEX)
+        if self.mtp:
+            save_file(self.mtp, str(self.directory / MTP_FILE), metadata={"format": "pt"})
+            out.append(MTP_FILE)
+        return out
+
+
+def _prepare_output(path, overwrite: bool) -> Path:
+    """Create the output directory; refuse (or, with overwrite, remove) an earlier checkpoint there."""
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise CheckpointError(f"{d} is a file, not a directory")
+    d.mkdir(parents=True, exist_ok=True)
+    ours = sorted(p for p in d.iterdir() if p.name in (CONFIG, SINGLE, INDEX, MTP_FILE)
+                  or re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors|\.shard-\d{5}\.tmp", p.name))
+    if ours and not overwrite:
+        raise CheckpointError(f"{d} already holds a checkpoint ({', '.join(p.name for p in ours)}); "
+                              "pass overwrite=True (--overwrite) or choose another directory")
+    for p in ours:
+        p.unlink()
+    return d
+
+
+def _layer_order(name: str):
+    """Sort key: tensors in model order (layer 2 before layer 10), so shards hold whole layers."""
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", name)]
+
+
+def save_checkpoint(model: InklingModel, path, max_shard_bytes: int | None = None, overwrite: bool = False) -> None:
+    """Write `model` as a released-layout checkpoint directory. Each tensor keeps its dtype.
+
+    config.json says as many MTP depths as the model has built (the head of a model built with fewer
+    depths than its config is saved as a shorter head)."""
+    d = _prepare_output(path, overwrite)
+    k = model.num_mtp_depths
+    config = model.config
+    if k != config.num_mtp_depths:
+        config = config.replace(num_mtp_depths=k, mtp_layer_types=config.mtp_layer_types[:k])
+    writer = ShardWriter(d, max_shard_bytes)
+    tensors = {names.to_released(n): p for n, p in model.named_parameters()}
+    for name in sorted(tensors, key=_layer_order):
+        writer.add(name, tensors[name])
+    writer.close()
+    (d / CONFIG).write_text(json.dumps(config.to_released_dict(), indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------- convert
+def convert_transformers_checkpoint(src, dst, max_shard_bytes: int | None = None,
+                                    overwrite: bool = False) -> dict:
+    """A transformers-layout Inkling checkpoint (`save_pretrained` of `InklingForCausalLM`, or the text
+    part of `InklingForConditionalGeneration`) -> a released-layout checkpoint directory.
+
+    Every name and shape is checked against the config before anything is written; tensors are then
+    converted one layer at a time (pure renames and row permutations; dtypes kept). The transformers
+    layout has no MTP head: the output is a trunk, with the MTP fields of the config kept, so that a
+    released `mtp.safetensors` copied next to it completes it. Returns a summary dict."""
+    src_dir = _directory(src)
+    if Path(dst).resolve() == src_dir.resolve():
+        raise CheckpointError("convert: SRC and DST are the same directory")
+    config, raw = read_config(src_dir)
+    files, weight_map = tensor_files(src_dir)
+    infos = {n: i for n, i in read_headers(src_dir, files, weight_map).items()
+             if not n.startswith(transformers_layout.TOWERS)}  # vision / audio: not converted
+    where = f"transformers checkpoint {src_dir}"
+    check_quantized(where, infos)
+
+    # dry run on meta tensors: every name placed, every shape checked, before writing anything
+    try:
+        dry = transformers_layout.to_released({n: torch.empty(i.shape, device="meta") for n, i in infos.items()})
+    except KeyError as e:
+        raise CheckpointError(f"{where}: {e.args[0]}") from None
+    released_infos = {n: TensorInfo("", "F32", tuple(t.shape)) for n, t in dry.items()}
+    plan_load(where + " (after renaming)", config, raw, released_infos, None)
+
+    d = _prepare_output(dst, overwrite)
+    writer = ShardWriter(d, max_shard_bytes)
+    groups: dict[str, list[str]] = {}  # one group per layer (gate and up halves travel together)
+    for n in infos:
+        m = re.search(r"layers\.(\d+)\.", n)
+        groups.setdefault(f"{n.split('layers.')[0]}{m.group(1)}" if m else "", []).append(n)
+    handles = {f: safe_open(src_dir / f, framework="pt", device="cpu") for f in files}
+    try:
+        for key in sorted(groups, key=_layer_order):
+            part = {n: handles[infos[n].file].get_tensor(n) for n in groups[key]}
+            converted = transformers_layout.to_released(part)
+            for name in sorted(converted, key=_layer_order):
+                writer.add(name, converted[name])
+    finally:
+        handles.clear()
+    written = writer.close()
+    (d / CONFIG).write_text(json.dumps(config.to_released_dict(), indent=2) + "\n")
+    return {"tensors": len(dry), "bytes": writer.total_bytes + sum(t.numel() * t.element_size()
+                                                                     for t in writer.mtp.values()),
+            "files": written, "mtp_depths": config.num_mtp_depths if writer.mtp else 0}
