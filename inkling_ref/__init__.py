@@ -4,7 +4,7 @@ from . import speculative  # the cycle: prefill, draft, verify, accept_greedy, c
 from .cache import LayerCache, TrunkCache
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ConfigError, InklingConfig
-from .generate import AcceptanceStats, CycleRecord, GenerationResult, generate
+from .generation import AcceptanceStats, CycleRecord, GenerationResult, generate
 from .model import InklingModel
 from .random_init import random_model, randomize_
 from .sampling import SamplingParams

@@ -8,8 +8,8 @@ import torch
 
 from configs import tiny_config
 from inkling_ref import InklingConfig, generate, random_model
-from inkling_ref import generate as G
-from inkling_ref.generate import AcceptanceStats, CycleRecord
+from inkling_ref import generation as G
+from inkling_ref.generation import AcceptanceStats, CycleRecord
 from inkling_ref.sampling import SamplingParams, probs, rejection_sample, sample
 from mutants import load_mutant
 
