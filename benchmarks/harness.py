@@ -18,6 +18,7 @@ import datetime
 import itertools
 import subprocess
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -112,3 +113,70 @@ def header(ctx: Context, command: str) -> str:
             f"Measured device-to-device copy bandwidth (bytes read + written): {ctx.copy_gbps:.0f} GB/s. "
             "'% of copy BW' = (floor bytes / copy bandwidth) / kernel time. Times are medians of "
             "`triton.testing.do_bench` over input sets rotated to exceed the 60 MB L2.\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases: a benchmark module may describe its work as a list of `Case`s and hand them to
+# `run_cases` (GPU: check, then time) or `dry_run` (CPU, TRITON_INTERPRET=1, small sizes: check only).
+
+@dataclass
+class Case:
+    """One case. `make()` builds an input set (a tuple); `fn(*set)` runs the kernel, `twin(*set)` the
+    torch twin; each returns its output (a tensor or a tuple of tensors) for the agreement check."""
+    kernel: str
+    case: str
+    bytes: int                  # the floor (each input read once, each output written once)
+    make: Callable[[], tuple]
+    fn: Callable
+    twin: Callable
+    graph: bool = False         # time both through CUDA-graph replays (decode sizes are launch-bound)
+    tol: float = 1e-2           # relative L2 allowed between kernel and twin (bf16)
+
+
+def _fresh(s: tuple) -> tuple:
+    return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in s)
+
+
+def agreement(case: Case, s: tuple) -> float:
+    """Largest relative L2 error of the kernel's outputs against the twin's on set s (each runs on
+    its own copy: kernels may write their inputs, e.g. caches). NaN or inf anywhere gives inf."""
+    a, b = case.fn(*_fresh(s)), case.twin(*_fresh(s))
+    a, b = (a, b) if isinstance(a, tuple) else ((a,), (b,))
+    err = 0.0
+    for x, y in zip(a, b):
+        if x is None or y is None:
+            continue
+        x, y = x.double(), y.double()
+        if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+            return float("inf")
+        err = max(err, ((x - y).norm() / y.norm().clamp_min(1e-30)).item())
+    return err
+
+
+def run_cases(cases) -> list[Row]:
+    """For each case: build rotating input sets, check kernel against twin, time both (medians)."""
+    rows = []
+    for case in cases:
+        sets = rotating_inputs(case.make, case.bytes)
+        err = agreement(case, sets[0])
+        if not err <= case.tol:
+            raise RuntimeError(f"{case.kernel} [{case.case}]: kernel and twin disagree, relative L2 {err:.2e}")
+        timer = bench_graph if case.graph else bench
+        row = Row(case.kernel, case.case, case.bytes, timer(case.fn, sets), timer(case.twin, sets),
+                  note="graph replay" if case.graph else "")
+        print(f"  {row.kernel:>16} {row.case:<34} {row.ms * 1e3:9.1f} us  twin {row.ms_twin * 1e3:9.1f} us",
+              flush=True)
+        rows.append(row)
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def dry_run(cases) -> None:
+    """No timing: build one set per case and check kernel against twin (CPU under TRITON_INTERPRET=1
+    at small sizes), to catch errors in a benchmark before a GPU run."""
+    for case in cases:
+        err = agreement(case, case.make())
+        print(f"dry  {case.kernel:>16} {case.case:<40} bytes {case.bytes:>12,}  rel L2 {err:.1e}", flush=True)
+        if not err <= case.tol:
+            raise SystemExit(f"{case.kernel} [{case.case}]: kernel and twin disagree, relative L2 {err:.2e}")

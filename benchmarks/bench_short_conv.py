@@ -1,0 +1,83 @@
+"""Benchmark of the short conv over the conv-input ring (bf16, K = 4, ring R = 8 rows = (K-1) + (k+1)
+for k = 4 speculative tokens), against its torch twin. Channel counts: the K/V streams (nKV * hd =
+8 * 128 and 16 * 128) and the attention/MLP-output streams (H = 4096 Inkling-Small, 6144 Inkling), the
+latter with the fused residual add. Batch x rows: decode (1 x 1, 16 x 1), verify windows of k + 1 = 5 (3 x 5,
+1024 x 5) and a prefill chunk (4 x 4096, which takes the two-launch path since T + K - 1 > R).
+
+    python benchmarks/kernels.py short_conv          # H200: times, writes docs/benchmarks/kernels.md
+    python benchmarks/bench_short_conv.py --dry      # CPU: small sizes through the interpreter, no timing
+
+Byte floor (E = 2 bytes per bf16 element; every row's history starts in the ring):
+    x B*T*C*E + out B*T*C*E (+ residual B*T*C*E) + ring reads B*(K-1)*C*E + ring writes B*min(T, R)*C*E
+    + weights C*K*E + pos 4*B*T + slot 4*B
+Up to 16 rows (decode and small verify) are timed through CUDA-graph replays; larger ones directly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+import harness  # noqa: E402
+from harness import Case  # noqa: E402
+from inkling_fast.kernels.short_conv import short_conv, short_conv_torch  # noqa: E402
+
+SECTION = "Short conv over the conv-input ring (bf16, K=4, R=8)"
+E = 2
+K, R = 4, 8
+STREAMS = {"kv 8x128": (1024, False), "kv 16x128": (2048, False),      # (C, fused residual add)
+           "Small H": (4096, True), "Inkling H": (6144, True)}
+SHAPES = ((1, 1), (16, 1), (3, 5), (1024, 5), (4, 4096))                 # (B, T)
+DECODE_ROWS = 16
+
+
+def floor_bytes(B: int, T: int, C: int, residual: bool) -> int:
+    rows = B * T * C * E
+    return (rows * (3 if residual else 2) + B * (K - 1) * C * E + B * min(T, R) * C * E
+            + C * K * E + 4 * B * T + 4 * B)
+
+
+def cases(device: str, streams=STREAMS, shapes=SHAPES) -> list[Case]:
+    dt = torch.bfloat16
+
+    def make(B, T, C, residual):
+        start = torch.randint(K - 1, 4096, (B, 1))
+        pos = (start + torch.arange(T)).to(torch.int32).to(device)
+        return (torch.randn(B, T, C, dtype=dt, device=device),
+                torch.randn(B, R, C, dtype=dt, device=device),
+                (0.5 * torch.randn(C, 1, K, device=device)).to(dt),
+                torch.randperm(B).to(torch.int32).to(device), pos,
+                torch.randn(B, T, C, dtype=dt, device=device) if residual else None,
+                torch.empty(B, T, C, dtype=dt, device=device))
+
+    out = []
+    for name, (C, residual) in streams.items():
+        for B, T in shapes:
+            label = f"{name} C={C} B={B} T={T}" + (" +residual" if residual else "")
+            out.append(Case(
+                "short_conv", label, floor_bytes(B, T, C, residual),
+                make=lambda B=B, T=T, C=C, residual=residual: make(B, T, C, residual),
+                fn=lambda x, ring, w, slot, pos, res, o: short_conv(x, ring, w, slot, pos, residual=res, out=o,
+                                                                    check=False),
+                twin=lambda x, ring, w, slot, pos, res, o: short_conv_torch(x, ring, w, slot, pos, residual=res),
+                graph=B * T <= DECODE_ROWS))
+    return out
+
+
+def run(ctx: harness.Context) -> list[harness.Row]:
+    return harness.run_cases(cases("cuda"))
+
+
+if __name__ == "__main__":
+    if "--dry" not in sys.argv[1:]:
+        raise SystemExit("time with `python benchmarks/kernels.py short_conv`; `--dry` checks the cases on CPU")
+    harness.dry_run(cases("cpu", streams={"kv tiny": (37, False), "H tiny": (300, True)},
+                          shapes=((1, 1), (3, 4), (2, 19))))

@@ -1,0 +1,115 @@
+"""The input of an MTP depth's input_proj, built in one launch:
+
+    c = [ rms(h_prev; hidden_norm) | rms(rms(E[x]; backbone_embed_norm); embed_norm) ]   [N, 2H]
+          hidden FIRST                embedding second (double-normed)
+
+Grid (N, 2): program (i, 0) norms row i of h_prev into c[i, :H]; program (i, 1) gathers E[x_i],
+norms it twice (the first result rounded to the model dtype, as the reference's trunk embedding
+is a model-dtype tensor) and writes c[i, H:]. fp32 math, weights multiplied in fp32.
+Out-of-range ids: NaN in c[i, H:] when check_ids=False, an error when True (see embed_norm.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .rms_norm import FLOAT_DTYPES, interpreting, num_warps_for
+
+
+@triton.jit
+def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, V, H, h_row, table_row,
+                      c_row, eps, BLOCK_H: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    half = tl.program_id(1)
+    offs = tl.arange(0, BLOCK_H)
+    mask = offs < H
+    if half == 0:
+        x = tl.load(h_ptr + row * h_row + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(wh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        r = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+        tl.store(c_ptr + row * c_row + offs, (x * r * w).to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tok = tl.load(ids_ptr + row).to(tl.int64)
+        ok = (tok >= 0) & (tok < V)
+        row_mask = offs < tl.where(ok, H, 0)  # (mask & ok), spelled so that the CPU interpreter accepts it
+        x = tl.load(table_ptr + tl.where(ok, tok, 0) * table_row + offs, mask=row_mask, other=0.0).to(tl.float32)
+        wb = tl.load(wb_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        r1 = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+        e = tl.where(ok, x * r1 * wb, float("nan")).to(c_ptr.dtype.element_ty).to(tl.float32)
+        we = tl.load(we_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        r2 = tl.rsqrt(tl.sum(e * e, axis=0) / H + eps)
+        tl.store(c_ptr + row * c_row + H + offs, (e * r2 * we).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(dtype)
+
+
+def mtp_input_torch(h_prev: torch.Tensor, ids: torch.Tensor, table: torch.Tensor, hidden_norm: torch.Tensor,
+                    backbone_embed_norm: torch.Tensor, embed_norm: torch.Tensor, eps: float) -> torch.Tensor:
+    """h_prev: [..., H], ids: [...] -> c: [..., 2H] in h_prev's dtype."""
+    e = _rms(_rms(table[ids.long()], backbone_embed_norm, eps, h_prev.dtype), embed_norm, eps, h_prev.dtype)
+    return torch.cat([_rms(h_prev, hidden_norm, eps, h_prev.dtype), e], dim=-1)
+
+
+def mtp_input(h_prev: torch.Tensor, ids: torch.Tensor, table: torch.Tensor, hidden_norm: torch.Tensor,
+              backbone_embed_norm: torch.Tensor, embed_norm: torch.Tensor, eps: float,
+              out: torch.Tensor | None = None, check_ids: bool = True) -> torch.Tensor:
+    """h_prev: [..., H] (depth 0: the trunk's post-final-norm hidden; else the previous depth's output),
+    ids: int32/int64 [...] (the tokens x_{p+m+1}), table: [V, H] (the trunk's embedding), norms: [H].
+    Returns c: [..., 2H] = [rms(h_prev; hidden_norm) | rms(rms(E[ids]; backbone_embed_norm); embed_norm)],
+    written into `out` (contiguous, e.g. the static input buffer of input_proj) when given.
+    `check_ids=True` checks the id range on the host (one device sync); pass False inside CUDA graphs."""
+    if not isinstance(h_prev, torch.Tensor) or h_prev.dim() < 1 or h_prev.dtype not in FLOAT_DTYPES:
+        raise ValueError("h_prev must be a float32/float16/bfloat16 tensor [..., H]")
+    if h_prev.device.type != "cuda" and not interpreting():
+        raise ValueError(f"h_prev is on {h_prev.device}: the Triton kernels need CUDA tensors "
+                         "(CPU tensors only under TRITON_INTERPRET=1)")
+    H, dev, dt = h_prev.shape[-1], h_prev.device, h_prev.dtype
+    if H == 0 or h_prev.stride(-1) != 1:
+        raise ValueError(f"h_prev must have a non-empty contiguous last dimension, got shape "
+                         f"{tuple(h_prev.shape)} strides {h_prev.stride()}")
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError("ids must be an int32 or int64 tensor")
+    if ids.shape != h_prev.shape[:-1] or ids.device != dev:
+        raise ValueError(f"ids must have shape {tuple(h_prev.shape[:-1])} (h_prev's leading shape) on {dev}, "
+                         f"got {tuple(ids.shape)} on {ids.device}")
+    if not isinstance(table, torch.Tensor) or table.dim() != 2 or table.shape[1] != H or table.dtype != dt \
+            or table.device != dev or table.stride(1) != 1:
+        raise ValueError(f"table must be a [V, {H}] {dt} tensor on {dev} with a contiguous last dimension, got "
+                         f"{getattr(table, 'dtype', None)} {tuple(getattr(table, 'shape', ()))}")
+    for name, w in (("hidden_norm", hidden_norm), ("backbone_embed_norm", backbone_embed_norm),
+                    ("embed_norm", embed_norm)):
+        if not isinstance(w, torch.Tensor) or w.shape != (H,) or w.dtype not in FLOAT_DTYPES \
+                or w.device != dev or w.stride(0) != 1:
+            raise ValueError(f"{name} must be a contiguous float tensor of shape ({H},) on {dev}")
+    if not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    V = table.shape[0]
+    if check_ids and ids.numel() > 0:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("check_ids=True syncs with the device; pass check_ids=False inside a CUDA graph")
+        bad = (ids < 0) | (ids >= V)
+        if bool(bad.any()):
+            raise ValueError(f"ids out of range [0, {V}): e.g. {ids[bad][:4].tolist()}")
+    shape = tuple(h_prev.shape[:-1]) + (2 * H,)
+    if out is None:
+        out = torch.empty(shape, dtype=dt, device=dev)
+    if out.shape != shape or out.dtype != dt or out.device != dev or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {dt} tensor of shape {shape} on {dev}, got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device} (contiguous: {out.is_contiguous()})")
+    try:
+        h2 = h_prev.view(-1, H)
+    except RuntimeError:
+        raise ValueError(f"h_prev (shape {tuple(h_prev.shape)}, strides {h_prev.stride()}) cannot be viewed "
+                         "as [rows, H] without a copy") from None
+    N = h2.shape[0]
+    if N > 0:
+        block = triton.next_power_of_2(H)
+        _mtp_input_kernel[(N, 2)](h2, ids.reshape(-1), table, hidden_norm, backbone_embed_norm, embed_norm, out,
+                                  V, H, h2.stride(0), table.stride(0), 2 * H, float(eps),
+                                  BLOCK_H=block, num_warps=num_warps_for(block))
+    return out

@@ -1,0 +1,257 @@
+"""The short convolution over a position-addressed conv-input ring (docs/fast_path.md).
+
+    y[b, t] = x[b, t] + sum_{j=0..K-1} w[:, j] * hist_b(pos[b, t] - (K-1) + j)       fp32 accumulation
+    out     = y                       or, with the fused residual add,   out = residual + round(y)
+
+hist_b(p) is the conv input of the sequence in slot[b] at position p: taken from x itself when row
+p of the sequence is in this call (row t - d of x holds position pos[b, t] - d), from the ring row
+p % R otherwise, and zero for p < 0. The call also writes every input x[b, t] at ring[slot[b],
+pos[b, t] % R] (a bit-exact copy). Padding rows (pos = -1) read nothing, write nothing to the
+ring, and their output is 0.
+
+Shapes: x, residual, out [B, T, C] (model dtype); ring [slots, R, C] (same dtype); weight [C, K]
+or [C, 1, K]; slot int32 [B]; pos int32 [B, T]. Each row's valid positions form one run of
+consecutive positions (padding may sit before or after it), and batch rows with valid positions
+use distinct slots.
+
+Races: a call reads ring rows of the K-1 positions before its first one and writes the rows of
+its own positions. When T + K - 1 <= R these rows are all distinct and one launch does both.
+Otherwise (long prefill chunks) the wrapper splits the work in two launches on the stream: first
+every output (ring reads, no writes), then the ring writes, each ring row taking the last
+position of the call that maps to it. Both launches are graph-capturable; T and R are shapes, so
+the choice never needs the device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_ptr,
+                       T, C, R, n_slots,
+                       sx_b, sx_t, sr_s, sr_r, sw_c, sw_k, sp_b, sp_t, sres_b, sres_t, so_b, so_t,
+                       K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+                       HAS_RES: tl.constexpr, COMPUTE: tl.constexpr, WRITE: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    t_in = t < T
+    c_in = c < C
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    slot_ok = (slot >= 0) & (slot < n_slots)
+    p = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=t_in, other=-1)
+    valid = t_in & (p >= 0)
+    # valid & slot_ok, spelled without a block & scalar (which the CPU interpreter mishandles)
+    valid_slot = valid & (t < tl.where(slot_ok, T, 0))
+    if WRITE:
+        # a ring row takes the LAST position of this call that maps to it: skip row t when row t + R
+        # (position p + R, same ring row) is in the call too (valid rows are one consecutive run)
+        later = tl.load(pos_ptr + b * sp_b + (t + R) * sp_t, mask=valid & (t + R < T), other=-1)
+        keep = valid_slot & (later < 0)
+    if COMPUTE:
+        x_mask = valid
+    else:
+        x_mask = keep  # the write-only launch reads just the rows it writes
+    x_cur = tl.load(x_ptr + b * sx_b + t.to(tl.int64)[:, None] * sx_t + c[None, :],
+                    mask=x_mask[:, None] & c_in[None, :], other=0.0)
+
+    if COMPUTE:
+        conv = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+        for j in tl.static_range(K):
+            d = K - 1 - j  # a constexpr: tap j reads position p - d
+            w_j = tl.load(w_ptr + c * sw_c + j * sw_k, mask=c_in, other=0.0).to(tl.float32)
+            if d == 0:
+                v = x_cur.to(tl.float32)
+            else:
+                q = p - d
+                tp = t - d
+                p_prev = tl.load(pos_ptr + b * sp_b + tp * sp_t, mask=valid & (tp >= 0), other=-2)
+                from_x = valid & (q >= 0) & (p_prev == q)  # position q is row t - d of x
+                from_ring = valid_slot & (q >= 0) & (p_prev != q)
+                vx = tl.load(x_ptr + b * sx_b + tp.to(tl.int64)[:, None] * sx_t + c[None, :],
+                             mask=from_x[:, None] & c_in[None, :], other=0.0)
+                row = (tl.where(from_ring, q, 0) % R).to(tl.int64)
+                vr = tl.load(ring_ptr + slot * sr_s + row[:, None] * sr_r + c[None, :],
+                             mask=from_ring[:, None] & c_in[None, :], other=0.0)
+                v = vx.to(tl.float32) + vr.to(tl.float32)  # at most one of the two is loaded, else 0
+            conv += v * w_j[None, :]
+        y = x_cur.to(tl.float32) + conv
+        if HAS_RES:
+            res = tl.load(res_ptr + b * sres_b + t.to(tl.int64)[:, None] * sres_t + c[None, :],
+                          mask=valid[:, None] & c_in[None, :], other=0.0)
+            y = y.to(out_ptr.dtype.element_ty).to(tl.float32) + res.to(tl.float32)
+        y = tl.where(slot_ok, y, float("nan"))    # a bad slot (unchecked): visible, and no memory touched
+        y = tl.where(valid[:, None], y, 0.0)
+        tl.store(out_ptr + b * so_b + t.to(tl.int64)[:, None] * so_t + c[None, :],
+                 y.to(out_ptr.dtype.element_ty), mask=t_in[:, None] & c_in[None, :])
+
+    if WRITE:
+        row = (tl.where(keep, p, 0) % R).to(tl.int64)
+        tl.store(ring_ptr + slot * sr_s + row[:, None] * sr_r + c[None, :], x_cur,
+                 mask=keep[:, None] & c_in[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# torch twin
+
+def short_conv_torch(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor,
+                     pos: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as `short_conv` (ring updated in place, all reads before all writes), in plain
+    vectorized torch with no host sync, so that it can be captured in a CUDA graph."""
+    B, T, C = x.shape
+    S, R, _ = ring.shape
+    w = weight.reshape(C, -1).float()
+    K = w.shape[1]
+    pos = pos.long()
+    valid = pos >= 0                                                # [B, T]
+    slot_ok = ((slot >= 0) & (slot < S))[:, None]                   # [B, 1]
+    s = slot.long().clamp(0, S - 1)[:, None]                        # gather index; bad slots are masked
+    t = torch.arange(T, device=x.device)
+    xf = x.float()
+    conv = torch.zeros_like(xf)
+    for j in range(K):  # over taps, not tokens
+        d = K - 1 - j
+        if d == 0:
+            v = xf
+        else:
+            q = pos - d                                             # the position tap j reads
+            tp = (t - d).clamp(min=0)
+            from_x = valid & (q >= 0) & (t >= d) & (pos[:, tp] == q)  # row t - d of this call holds q
+            from_ring = valid & slot_ok & (q >= 0) & ~from_x
+            vr = ring[s, q.clamp(min=0) % R].float()                # [B, T, C]
+            v = torch.where(from_x[..., None], xf[:, tp], torch.where(from_ring[..., None], vr, 0.0))
+        conv = conv + v * w[:, j]
+    y = xf + conv
+    if residual is not None:
+        y = y.to(x.dtype).float() + residual.float()
+    y = torch.where(slot_ok[..., None], y, float("nan"))
+    out = torch.where(valid[..., None], y, 0.0).to(x.dtype)
+
+    # ring writes: row t writes unless row t + R (same ring row, later position) is in the call
+    later = torch.full_like(pos, -1)
+    if T > R:
+        later[:, : T - R] = pos[:, R:]
+    keep = (valid & slot_ok & (later < 0)).reshape(-1)
+    tgt_s = s.expand(B, T).reshape(-1)
+    tgt_r = (pos.clamp(min=0) % R).reshape(-1)
+    src = x.reshape(B * T, C)
+    # Sync-free masked write: a row that must not write repeats the write of the first kept row g
+    # (same target, same value); when no row is kept, every row rewrites ring[0, 0] with itself.
+    g = torch.argmax(keep.int()).view(1)
+    any_keep = keep.any()
+    tgt_s = torch.where(keep, tgt_s, torch.where(any_keep, tgt_s.index_select(0, g), 0))
+    tgt_r = torch.where(keep, tgt_r, torch.where(any_keep, tgt_r.index_select(0, g), 0))
+    fallback = torch.where(any_keep, src.index_select(0, g), ring[0, 0:1])
+    ring.index_put_((tgt_s, tgt_r), torch.where(keep[:, None], src, fallback))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# wrapper
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _check_tensor(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} has dtype {t.dtype}, expected {dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of x)")
+
+
+def check_indices(slot: torch.Tensor, pos: torch.Tensor, n_slots: int) -> None:
+    """Host-side check (one device sync) of the index contract: pos >= -1; each row's valid positions
+    one run of consecutive positions; slots of rows with valid positions in range and distinct."""
+    valid = pos >= 0
+    has = valid.any(dim=1)
+    steps = (pos[:, 1:] - pos[:, :-1] != 1) & valid[:, 1:] & valid[:, :-1]
+    starts = (valid[:, 1:] & ~valid[:, :-1]).sum(dim=1) + valid[:, 0].long()
+    used = torch.where(has, slot.long(), -1 - torch.arange(len(slot), device=slot.device)).sort().values
+    flags = torch.stack([(pos < -1).any(), steps.any(), (starts > 1).any(),
+                         (has & ((slot < 0) | (slot >= n_slots))).any(),
+                         (used[1:] == used[:-1]).any()]).tolist()  # rows without valid positions: -1 - b
+    problems = ["pos has values below -1 (-1 marks padding)",
+                "pos is not consecutive within a row",
+                "a row of pos has valid positions separated by padding (they must form one run)",
+                f"slot out of range [0, {n_slots}) for a row with valid positions",
+                "two batch rows with valid positions use the same slot"]
+    for bad, msg in zip(flags, problems):
+        if bad:
+            raise ValueError(msg)
+
+
+def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
+               residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+               check: bool = True) -> torch.Tensor:
+    """x: [B, T, C] -> out: [B, T, C] (see the module docstring); writes the inputs into `ring`.
+
+    `out` may be `residual` (in place: each element is read and written by one program), never x or
+    the ring. `check=True` checks the index contract on the host (one device sync, see
+    `check_indices`); pass False inside CUDA graphs (bad slots then give NaN rows, no memory access)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.dtype not in FLOAT_DTYPES:
+        raise ValueError("x must be a float32/float16/bfloat16 tensor [B, T, C]")
+    if x.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"x is on {x.device}: the Triton kernels need CUDA tensors "
+                         "(CPU tensors only under TRITON_INTERPRET=1)")
+    B, T, C = x.shape
+    dev, dt = x.device, x.dtype
+    if not isinstance(ring, torch.Tensor) or ring.dim() != 3 or ring.shape[2] != C:
+        raise ValueError(f"ring must be a tensor [slots, R, {C}], got "
+                         f"{tuple(ring.shape) if isinstance(ring, torch.Tensor) else type(ring).__name__}")
+    S, R, _ = ring.shape
+    _check_tensor("ring", ring, (S, R, C), dt, dev)
+    if not isinstance(weight, torch.Tensor) or weight.dim() not in (2, 3) or weight.shape[0] != C \
+            or (weight.dim() == 3 and weight.shape[1] != 1):
+        raise ValueError(f"weight must be [{C}, K] or [{C}, 1, K], got "
+                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    w2 = weight.reshape(C, weight.shape[-1])
+    K = w2.shape[1]
+    if K < 1 or weight.dtype not in FLOAT_DTYPES or weight.device != dev:
+        raise ValueError(f"weight must be a float tensor with K >= 1 on {dev}, got {weight.dtype} on {weight.device}")
+    if R < max(K - 1, 1):
+        raise ValueError(f"ring holds R = {R} rows per slot; it needs at least max(K - 1, 1) = {max(K - 1, 1)}")
+    _check_tensor("slot", slot, (B,), torch.int32, dev)
+    _check_tensor("pos", pos, (B, T), torch.int32, dev)
+    if residual is not None:
+        _check_tensor("residual", residual, (B, T, C), dt, dev)
+    if out is None:
+        out = torch.empty((B, T, C), dtype=dt, device=dev)
+    _check_tensor("out", out, (B, T, C), dt, dev)
+    for name, t in (("x", x), ("ring", ring), ("residual", residual), ("out", out)):
+        if t is not None and t.numel() > 0 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
+    if out.numel() > 0 and out.data_ptr() in (x.data_ptr(), ring.data_ptr()):
+        raise ValueError("out must not alias x or ring (other programs read them); it may alias residual")
+    if B * T == 0 or C == 0:
+        return out
+    if check:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("check=True syncs with the device; pass check=False inside a CUDA graph")
+        check_indices(slot, pos, S)
+
+    block_c = min(triton.next_power_of_2(C), 256)
+    block_t = min(max(triton.next_power_of_2(T), 2), max(2, 2048 // block_c))
+    res = residual if residual is not None else x  # unused by the kernel when HAS_RES is off
+    args = (x, ring, w2, slot, pos, res, out, T, C, R, S,
+            x.stride(0), x.stride(1), ring.stride(0), ring.stride(1), w2.stride(0), w2.stride(1),
+            pos.stride(0), pos.stride(1), res.stride(0), res.stride(1), out.stride(0), out.stride(1))
+    grid = (B, triton.cdiv(T, block_t), triton.cdiv(C, block_c))
+    meta = dict(K=K, BLOCK_T=block_t, BLOCK_C=block_c, HAS_RES=residual is not None, num_warps=4)
+    if T + K - 1 <= R:  # the rows this call reads and the rows it writes are disjoint: one launch
+        _short_conv_kernel[grid](*args, COMPUTE=True, WRITE=True, **meta)
+    else:               # they may overlap: every read first, then the writes
+        _short_conv_kernel[grid](*args, COMPUTE=True, WRITE=False, **meta)
+        _short_conv_kernel[grid](*args, COMPUTE=False, WRITE=True, **meta)
+    return out

@@ -1,0 +1,68 @@
+"""Shared utilities of the fast-path kernel tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Tolerances of docs/fast_path.md: relative L2 error of the kernel against its twin / the reference.
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture
+def device() -> str:
+    """'cuda' when a GPU is present (the real kernels), else 'cpu' (TRITON_INTERPRET=1, see conftest)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64; NaN anywhere in a or b gives inf (never passes a bound)."""
+    a, b = a.double(), b.double()
+    if a.shape != b.shape:
+        raise AssertionError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return float("inf")
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill t with NaN (floats) in place, so an element the kernel fails to write is caught."""
+    return t.fill_(float("nan"))
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """Standard normal draws from a CPU generator (reproducible on any device), moved to `device`."""
+    return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+
+
+def norm_weight(H: int, device, gen: torch.Generator) -> torch.Tensor:
+    """An RMSNorm weight drawn away from 1 (1 +- U(0.15, 0.45)), float32."""
+    sign = torch.randint(0, 2, (H,), generator=gen).float() * 2 - 1
+    return (1 + sign * (0.15 + 0.3 * torch.rand(H, generator=gen))).to(device)
+
+
+# Triton's CPU interpreter converts float32 -> bfloat16 by truncation (triton/runtime/interpreter.py,
+# cast_impl), the GPU rounds to nearest even; so a rounded bf16 result can differ by one unit in the
+# last place under the interpreter.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def assert_rounded_equal(a: torch.Tensor, b: torch.Tensor) -> None:
+    """a == b exactly (a value computed in fp32 and rounded once to the model dtype, on both sides);
+    under the interpreter, bf16 values may differ by one ulp (see above)."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    if not (INTERPRETED and a.dtype == torch.bfloat16):
+        assert torch.equal(a, b)
+        return
+    ulp = b.float().abs() * 2.0**-7  # bf16 keeps 8 significant bits
+    assert torch.isfinite(a).all() and ((a.float() - b.float()).abs() <= ulp).all()
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN payloads included): for pure copies such as cache writes."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.view(ints), b.view(ints))

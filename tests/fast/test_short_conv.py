@@ -1,0 +1,279 @@
+"""The short conv over a position-addressed ring.
+
+A schedule of calls like the MTP cycle's (chunked prefill, decode steps, verify windows with
+rollback, padded rows, batch rows reordered between calls) runs against a flat history (every
+input ever written, by sequence and position) and `inkling_ref.conv.ShortConv` over it:
+  * the twin, with a ring large enough to be flat (no wrap), against the reference;
+  * the kernel, with the smallest legal ring (R = K + k: wrap-around, and the two-launch path
+    for chunks with T + K - 1 > R), against the reference and, bit for bit on the ring, the twin.
+Rings start poisoned with NaN, so a read of a row nobody wrote shows up; slots that belong to no
+sequence must stay untouched.
+"""
+
+import pytest
+import torch
+from helpers import TOL, bits_equal, device, poison, randn, rel_l2  # noqa: F401 (fixture)
+
+from inkling_fast.kernels.short_conv import short_conv, short_conv_torch
+from inkling_ref.conv import ShortConv
+
+DTYPES = [torch.float32, torch.bfloat16]
+C = 37                  # odd channel count
+SLOTS = 5
+SEQ_SLOT = [3, 0, 2]    # sequence i lives in slot SEQ_SLOT[i]; slots 1 and 4 belong to nobody
+SPEC_K = 3              # speculative tokens: verify windows of k + 1 = 4 rows
+# (kind, T): positions run to 55, far past the small rings; T = 10, 9, 17 exceed R - K + 1
+STEPS = [("prefill", 10), ("decode", 1), ("verify", 4), ("verify", 4), ("decode", 1), ("prefill", 9),
+         ("verify", 4), ("prefill", 17), ("verify", 4), ("decode", 1)]
+
+
+def _positions(kind: str, T: int, n: list[int], step: int, g: torch.Generator):
+    """Positions [3, T] of the call for each sequence (lengths n so far) and the lengths after it.
+    One sequence per call gets padding: leading + trailing (prefill), a short window (verify), none
+    at all (decode). Verify windows keep a random number of their rows (the rest is rolled back)."""
+    pos = torch.full((3, T), -1, dtype=torch.int32)
+    new_n = list(n)
+    for i in range(3):
+        lead, count = 0, T
+        if i == step % 3:
+            lead, count = {"prefill": (2, T - 5), "verify": (0, 2), "decode": (0, 0)}[kind]
+        pos[i, lead:lead + count] = torch.arange(n[i], n[i] + count, dtype=torch.int32)
+        accepted = int(torch.randint(1, count + 1, (1,), generator=g)) if kind == "verify" and count else count
+        new_n[i] = n[i] + accepted
+    return pos, new_n
+
+
+def _reference(hist: torch.Tensor, weight: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """ShortConv over each sequence's flat history, read at the call's positions: [B, T, C]."""
+    conv = ShortConv(C, weight.shape[-1])
+    with torch.no_grad():
+        conv.weight.copy_(weight.reshape(C, 1, -1))
+        y = conv(hist)                                              # [3, L, C]
+    return y[seq[:, None], pos.long().clamp(min=0)]
+
+
+def run_schedule(fn, dtype, K, R, device, residual: bool, seed: int, twin_ring: bool = False):
+    """Run STEPS through fn (short_conv or short_conv_torch), checking every call.
+    With twin_ring, the twin runs in lockstep on its own ring, and the rings must agree bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    weight = randn(C, 1, K, gen=g, scale=0.5)
+    L = 64
+    hist = torch.zeros(3, L, C, dtype=dtype)                       # flat history, by sequence
+    written = [-1, -1, -1]                                          # highest position written so far
+    ring = poison(torch.empty(SLOTS, R, C, dtype=dtype, device=device))
+    ring_twin = ring.clone()
+    untouched = ring[[1, 4]].clone()
+    n = [0, 0, 0]
+    for step, (kind, T) in enumerate(STEPS):
+        pos_seq, n_after = _positions(kind, T, n, step, g)
+        seq = torch.randperm(3, generator=g)                        # batch row b holds sequence seq[b]
+        pos = pos_seq[seq]
+        slot = torch.tensor(SEQ_SLOT, dtype=torch.int32)[seq]
+        x = randn(3, T, C, dtype=dtype, gen=g)
+        res = randn(3, T, C, dtype=dtype, gen=g, scale=2.0) if residual else None
+        valid = pos >= 0
+        b_idx, t_idx = valid.nonzero(as_tuple=True)
+        hist[seq[b_idx], pos[b_idx, t_idx].long()] = x[b_idx, t_idx]
+        for b, t in zip(b_idx.tolist(), t_idx.tolist()):
+            written[seq[b]] = max(written[seq[b]], int(pos[b, t]))
+        ref = _reference(hist, weight, seq, pos)
+        if residual:
+            ref = (res.float() + ref.float()).to(dtype)
+
+        dev = dict(device=device)
+        args = (x.to(**dev), ring, weight.to(**dev), slot.to(**dev), pos.to(**dev))
+        kw = {} if res is None else {"residual": res.to(**dev)}
+        out = fn(*args, **kw).cpu()
+        where = f"step {step} ({kind}, T={T})"
+        assert rel_l2(out[valid], ref[valid]) <= TOL[dtype], where
+        assert (out[~valid] == 0).all(), where                      # padding rows: 0
+        assert bits_equal(ring[[1, 4]], untouched), where           # nobody's slots: untouched
+        if twin_ring:
+            out_twin = short_conv_torch(x.to(**dev), ring_twin, *args[2:], **kw).cpu()
+            assert rel_l2(out[valid], out_twin[valid]) <= TOL[dtype], where
+            assert bits_equal(ring, ring_twin), where
+        # what the next call needs: the K-1 inputs before each sequence's next position
+        for i in range(3):
+            for p in range(max(0, n_after[i] - (K - 1)), n_after[i]):
+                assert bits_equal(ring[SEQ_SLOT[i], p % R].cpu(), hist[i, p]), f"{where}, seq {i}, pos {p}"
+        n = n_after
+    return ring.cpu(), hist, written
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K", [4, 2])
+@pytest.mark.parametrize("residual", [False, True])
+def test_twin_matches_reference_flat(dtype, K, residual):
+    R = 64  # larger than every position: the ring is the flat history itself
+    ring, hist, written = run_schedule(short_conv_torch, dtype, K, R, "cpu", residual, seed=K)
+    for i in range(3):
+        L = written[i] + 1
+        assert bits_equal(ring[SEQ_SLOT[i], :L], hist[i, :L])       # every input, at its position
+        assert torch.isnan(ring[SEQ_SLOT[i], L:].float()).all()     # nothing beyond
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K,R", [(4, 4 + SPEC_K), (2, 2 + SPEC_K), (4, 11)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_kernel_matches_reference_and_twin(device, dtype, K, R, residual):
+    run_schedule(short_conv, dtype, K, R, device, residual, seed=10 * K + R, twin_ring=True)
+
+
+def test_twin_matches_reference_with_wraparound():
+    """The twin on the smallest ring too (its own ring indexing against the flat reference)."""
+    run_schedule(short_conv_torch, torch.float32, 4, 4 + SPEC_K, "cpu", True, seed=5)
+
+
+def _one_call(device, B=3, T=4, R=7, K=4, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = randn(B, T, C, dtype=dtype, device=device, gen=g)
+    ring = randn(SLOTS, R, C, dtype=dtype, device=device, gen=g)
+    weight = randn(C, K, device=device, gen=g)
+    slot = torch.tensor([3, 0, 2, 1, 4][:B], dtype=torch.int32, device=device)
+    pos = (torch.arange(T, dtype=torch.int32) + 20 + 3 * torch.arange(B, dtype=torch.int32)[:, None]).to(device)
+    res = randn(B, T, C, dtype=dtype, device=device, gen=g)
+    return x, ring, weight, slot, pos, res
+
+
+@pytest.mark.parametrize("T,launches", [(1, [(True, True)]), (4, [(True, True)]),
+                                         (5, [(True, False), (False, True)]), (19, [(True, False), (False, True)])])
+def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, launches):
+    """R = 7, K = 4: a call of T <= R - K + 1 = 4 rows reads and writes disjoint ring rows (one launch);
+    longer calls must put every read before every write (two launches, in that order). The CPU
+    interpreter runs programs one after another, so a race could not show there: this pins the split."""
+    import inkling_fast.kernels.short_conv as module
+
+    real, seen = module._short_conv_kernel, []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                seen.append((meta["COMPUTE"], meta["WRITE"]))
+                return real[grid](*args, **meta)
+            return launch
+
+    monkeypatch.setattr(module, "_short_conv_kernel", Recorder())
+    x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=7)
+    ring_twin = ring.clone()
+    out = short_conv(x, ring, weight, slot, pos)
+    assert seen == launches
+    assert rel_l2(out, short_conv_torch(x, ring_twin, weight, slot, pos)) <= 1e-5
+    assert bits_equal(ring, ring_twin)
+
+
+def test_residual_in_place(device):
+    x, ring, weight, slot, pos, res = _one_call(device)
+    ref = short_conv_torch(x, ring.clone(), weight, slot, pos, residual=res)
+    out = short_conv(x, ring, weight, slot, pos, residual=res, out=res)
+    assert out is res and rel_l2(res, ref) <= 1e-5
+
+
+def test_unchecked_bad_slot_touches_nothing(device):
+    """check=False (the CUDA-graph path): a bad slot gives NaN rows and no memory access."""
+    x, ring, weight, slot, pos, _ = _one_call(device)
+    slot[1] = SLOTS  # out of range
+    ring_before = ring.clone()
+    out = short_conv(x, ring, weight, slot, pos, check=False)
+    assert torch.isnan(out[1]).all()
+    good = torch.tensor([0, 2])
+    twin_ring = ring_before.clone()
+    ref = short_conv_torch(x[good], twin_ring, weight, slot[good], pos[good])
+    assert rel_l2(out[good], ref) <= 1e-5
+    assert bits_equal(ring, twin_ring)  # only the good rows wrote
+    with pytest.raises(ValueError, match="slot out of range"):
+        short_conv(x, ring, weight, slot, pos)
+
+
+def test_index_contract_errors(device):
+    x, ring, weight, slot, pos, _ = _one_call(device)
+    bad = pos.clone()
+    bad[0, 1] = -2
+    with pytest.raises(ValueError, match="below -1"):
+        short_conv(x, ring, weight, slot, bad)
+    bad = pos.clone()
+    bad[0, 2] += 1
+    with pytest.raises(ValueError, match="not consecutive"):
+        short_conv(x, ring, weight, slot, bad)
+    bad = pos.clone()
+    bad[0, 1] = -1
+    with pytest.raises(ValueError, match="one run"):
+        short_conv(x, ring, weight, slot, bad)
+    dup = slot.clone()
+    dup[2] = dup[0]
+    with pytest.raises(ValueError, match="same slot"):
+        short_conv(x, ring, weight, dup, pos)
+    pad = pos.clone()
+    pad[2] = -1  # a fully padded row may share a slot (it reads and writes nothing)
+    out = short_conv(x, ring, weight, dup, pad)
+    assert (out[2] == 0).all()
+
+
+def test_shape_and_dtype_errors(device):
+    x, ring, weight, slot, pos, res = _one_call(device)
+    cases = [
+        (dict(x=x[..., :-1]), "ring must be a tensor"),
+        (dict(ring=ring.to(torch.bfloat16)), "ring has dtype"),
+        (dict(ring=ring[:, :2]), "needs at least"),
+        (dict(weight=weight[:-1]), "weight must be"),
+        (dict(weight=weight[:, None, None]), "weight must be"),
+        (dict(slot=slot.long()), "slot has dtype"),
+        (dict(pos=pos[:, :-1]), "pos has shape"),
+        (dict(pos=pos.to("meta")), "pos is on"),
+        (dict(residual=res[:, :-1]), "residual has shape"),
+        (dict(out=torch.empty(3, 4, C, dtype=torch.bfloat16, device=device)), "out has dtype"),
+        (dict(out=x), "must not alias"),
+        (dict(x=x.transpose(1, 2).contiguous().transpose(1, 2)), "contiguous last dimension"),
+    ]
+    base = dict(x=x, ring=ring, weight=weight, slot=slot, pos=pos)
+    for change, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            short_conv(**{**base, **change})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Cg", [1024, 2048, 4096, 6144])
+@pytest.mark.parametrize("B,T", [(1, 1), (7, 1), (16, 1), (16, 4), (3, 1031)])
+def test_real_sizes(Cg, B, T, dtype):
+    """Real widths; T = 1031 takes the two-launch path with thousands of programs (a race would show)."""
+    K, R = 4, 8
+    g = torch.Generator().manual_seed(Cg + B + T)
+    x = randn(B, T, Cg, dtype=dtype, device="cuda", gen=g)
+    ring = randn(B + 2, R, Cg, dtype=dtype, device="cuda", gen=g)
+    weight = randn(Cg, 1, K, device="cuda", gen=g, scale=0.5).to(dtype)
+    slot = torch.randperm(B + 2, generator=g)[:B].to(torch.int32).cuda()
+    start = torch.randint(0, 40, (B, 1), generator=g)
+    pos = (start + torch.arange(T)).to(torch.int32)
+    if B > 1:
+        pos[1, T // 2 + 1:] = -1  # a row with trailing padding
+    pos = pos.cuda()
+    res = randn(B, T, Cg, dtype=dtype, device="cuda", gen=g) if Cg >= 4096 else None
+    ring_twin = ring.clone()
+    ref = short_conv_torch(x, ring_twin, weight, slot, pos, residual=res)
+    out = short_conv(x, ring, weight, slot, pos, residual=res, out=poison(torch.empty_like(x)))
+    valid = pos >= 0
+    assert rel_l2(out[valid], ref[valid]) <= TOL[dtype]
+    assert bits_equal(ring, ring_twin)
+
+
+@pytest.mark.gpu
+def test_graph_capture():
+    """Kernel (check=False) and twin both capture into a CUDA graph and replay to the eager result."""
+    x, ring, weight, slot, pos, res = _one_call("cuda", B=5, T=4, R=8, dtype=torch.bfloat16)
+    ring_k, ring_t = ring.clone(), ring.clone()
+    ref_k = short_conv(x, ring_k, weight, slot, pos, residual=res, check=False).clone()
+    ref_t = short_conv_torch(x, ring_t, weight, slot, pos, residual=res).clone()
+    rings = [ring.clone(), ring.clone()]
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):  # warm-up (compilation) outside the capture
+        short_conv(x, ring.clone(), weight, slot, pos, residual=res, check=False)
+        short_conv_torch(x, ring.clone(), weight, slot, pos, residual=res)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_k = short_conv(x, rings[0], weight, slot, pos, residual=res, check=False)
+        out_t = short_conv_torch(x, rings[1], weight, slot, pos, residual=res)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_k, ref_k) and bits_equal(rings[0], ring_k)
+    assert torch.equal(out_t, ref_t) and bits_equal(rings[1], ring_t)
