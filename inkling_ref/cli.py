@@ -1,5 +1,7 @@
 """The `inkling-mtp` command line.
 
+    inkling-mtp generate [--checkpoint DIR] (--prompt TEXT | --prompt-ids "3 17 5") [--k N]
+                         [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
     inkling-mtp convert SRC DST [--max-shard-size 5GB] [--overwrite]
 
 Each subcommand is one `add_<name>(subparsers)` function that registers its arguments and sets
@@ -12,9 +14,12 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 
-from .checkpoint import CheckpointError, convert_transformers_checkpoint
+from .checkpoint import CheckpointError, convert_transformers_checkpoint, load_checkpoint
 from .config import ConfigError
+
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "default_checkpoint"
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -55,9 +60,79 @@ def add_convert(subparsers) -> None:
     p.set_defaults(func=run_convert)
 
 
-# The subcommands, in the order `--help` lists them. A `generate` subcommand (not written yet) belongs
-# here as `add_generate`, next to the generation code it runs.
-SUBCOMMANDS = [add_convert]
+# ---------------------------------------------------------------------- generate
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids must be integers separated by spaces, got {text!r}") from None
+
+
+def run_generate(args) -> int:
+    import torch
+
+    from .generation import generate
+
+    path = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint directory at {path}")
+    tokenizer = None
+    if (path / "tokenizer.json").exists():
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise ValueError(f"--prompt needs a tokenizer, and {path} has no tokenizer.json: pass token ids "
+                             "with --prompt-ids instead")
+        if not args.prompt:
+            raise ValueError("the prompt is empty")
+        prompt = tokenizer.encode(args.prompt).ids
+    else:
+        prompt = args.prompt_ids
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    k = args.k
+    model = load_checkpoint(path, dtype=getattr(torch, args.dtype), num_mtp_depths=k)
+    result = generate(model, prompt, max_new_tokens=args.max_new_tokens, num_speculative_tokens=k,
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                      eos_token_id=model.config.eos_token_id)
+    new = result.token_ids[0]
+    if tokenizer is not None:
+        print(tokenizer.decode(prompt + new, skip_special_tokens=False))
+    else:
+        print(" ".join(map(str, new)))
+    s = result.stats
+    print(f"\n--- {len(new)} tokens in {result.elapsed_s:.2f} s ({len(new) / result.elapsed_s:.1f} tokens/s), "
+          f"k = {k}, {sum(len(c) for c in result.cycles)} verify passes", file=sys.stderr)
+    if k > 0:
+        per = " ".join(f"{100 * v:.0f}%" for v in s.per_position.values())
+        print(f"acceptance length {s.acceptance_length:.2f} over {s.num_cycles} full cycles; "
+              f"per-position acceptance {per}", file=sys.stderr)
+    return 0
+
+
+def add_generate(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate", help="generate a continuation with MTP speculative decoding",
+        description="Generate with the reference model (CPU), k drafts per cycle from the MTP head, and "
+                    "print the continuation and its acceptance statistics.")
+    p.add_argument("--checkpoint", metavar="DIR", default=None,
+                   help=f"released-layout checkpoint (default: the bundled one, {DEFAULT_CHECKPOINT.name}/)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the checkpoint)")
+    src.add_argument("--prompt-ids", metavar="IDS", type=parse_ids, help='prompt token ids, e.g. "3 17 5"')
+    p.add_argument("--k", type=int, default=4, metavar="N", help="draft tokens per cycle (0 = plain decoding)")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None, metavar="K")
+    p.add_argument("--top-p", type=float, default=None, metavar="P")
+    p.add_argument("--seed", type=int, default=None, metavar="S")
+    p.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
+    p.set_defaults(func=run_generate)
+
+
+# The subcommands, in the order `--help` lists them.
+SUBCOMMANDS = [add_generate, add_convert]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CheckpointError, ConfigError) as e:
+    except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as e:
         print(f"inkling-mtp {args.command}: error: {e}", file=sys.stderr)
         return 1
 
