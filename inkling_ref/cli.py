@@ -73,6 +73,7 @@ def run_generate(args) -> int:
 
     from .generation import generate
 
+    torch.set_num_threads(args.threads)
     path = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
     if not path.is_dir():
         raise CheckpointError(f"no checkpoint directory at {path}")
@@ -128,6 +129,8 @@ def add_generate(subparsers) -> None:
     p.add_argument("--top-p", type=float, default=None, metavar="P")
     p.add_argument("--seed", type=int, default=None, metavar="S")
     p.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="CPU threads for torch (default 1: the reference's many small ops run fastest on one)")
     p.set_defaults(func=run_generate)
 
 
