@@ -437,57 +437,49 @@ def load_released(path: Path, dtype: torch.dtype = torch.float32) -> InklingMode
 
 
 def model_card(model: InklingModel, hp: Hyper, info: dict, final_eval: dict, device_name: str) -> str:
-    config = model.config
+    """The README.md of an exported checkpoint: what it is, how it was made, its held-out numbers."""
+    c, ev = model.config, final_eval
     n_trunk = sum(p.numel() for n, p in model.named_parameters() if n.startswith("trunk."))
     n_all = sum(p.numel() for p in model.parameters())
-    ev = final_eval
+    n_dense = c.mlp_types.count(DENSE)
     depth_rows = "\n".join(
         f"| {m} | {'sliding' if t == SLIDING else 'global'} | {d['loss']:.3f} | {d['acc']:.3f} | {d['agree']:.3f} |"
-        for m, (t, d) in enumerate(zip(config.mtp_layer_types, ev["depths"])))
-    proxies = ", ".join(f"k={k}: {ev[f'tf_accept_len_k{k}']:.2f}" for k in (4, 8) if f"tf_accept_len_k{k}" in ev)
-    return f"""# inkling-mtp demo checkpoint (tiny Inkling with an 8-depth MTP head)
+        for m, (t, d) in enumerate(zip(c.mtp_layer_types, ev["depths"])))
+    proxies = ", ".join(f"k = {k}: {ev[f'tf_accept_len_k{k}']:.2f}" for k in (4, 8) if f"tf_accept_len_k{k}" in ev)
+    flags = " ".join(f"--{f.name.replace('_', '-')} {getattr(hp, f.name)}" for f in fields(Hyper)
+                     if getattr(hp, f.name) != f.default)
+    return f"""# inkling-mtp demo checkpoint: a tiny Inkling with an 8-depth MTP head
 
 A small Inkling trained from scratch for this repository, so that acceptance lengths, speedups and
-plots measure something real. It is **not** a useful code model: {n_all / 1e6:.1f} M parameters
-({n_trunk / 1e6:.1f} M trunk incl. {2 * config.vocab_size * config.hidden_size / 1e6:.1f} M embedding + LM head,
-{(n_all - n_trunk) / 1e6:.1f} M MTP head), trained for a few minutes.
+plots measure something real. It is not a useful code model: {n_all / 1e6:.1f} M parameters, of which
+{n_trunk / 1e6:.1f} M in the trunk (incl. {2 * c.vocab_size * c.hidden_size / 1e6:.1f} M embedding and LM head) and
+{(n_all - n_trunk) / 1e6:.1f} M in the MTP head; trained for {info['train_wall_s'] / 60:.1f} minutes.
 
-## Architecture (config.json, released layout)
-- trunk: hidden {config.hidden_size}, {config.num_layers} layers, local_layer_ids {config.local_layer_ids}
-  (sliding window {config.sliding_window}; global layers: relative extent {config.rel_extent}, log-tau from
-  position {config.log_scaling_n_floor}, alpha {config.log_scaling_alpha}), layers < {config.mlp_types.count(DENSE)} dense
-  (intermediate {config.dense_intermediate_size}), then MoE ({config.n_routed_experts} routed experts of width
-  {config.moe_intermediate_size}, top-{config.num_experts_per_tok}, {config.n_shared_experts} shared, route_scale {config.route_scale});
-  heads {config.num_heads} (KV {config.num_kv_heads}) x {config.head_dim}; mup {config.mup}; vocabulary
-  {config.unpadded_vocab_size} (padded to {config.vocab_size}); trained context {hp.seq_len}.
-- MTP: {config.num_mtp_depths} depths, local_layer_ids {config.mtp_local_layer_ids}, dense MLP
-  {config.dense_intermediate_size}, chain_hidden_post_norm false, no log-tau inside depths.
+## Architecture (`config.json`, released layout; `model.safetensors` trunk, `mtp.safetensors` MTP head, bf16)
+- Trunk: hidden {c.hidden_size}, {c.num_layers} layers, `local_layer_ids` {c.local_layer_ids} (sliding window {c.sliding_window}); global layers with relative extent {c.rel_extent} and log-tau from position {c.log_scaling_n_floor} (alpha {c.log_scaling_alpha}).
+- Layers 0..{n_dense - 1} dense (intermediate {c.dense_intermediate_size}), then MoE: {c.n_routed_experts} routed experts of width {c.moe_intermediate_size}, top-{c.num_experts_per_tok}, {c.n_shared_experts} shared, route_scale {c.route_scale}; router selection bias in fp32.
+- Attention heads {c.num_heads} (KV {c.num_kv_heads}) x {c.head_dim}; mup {c.mup}; vocabulary {c.unpadded_vocab_size} (padded to {c.vocab_size}, padded rows zero); trained context {hp.seq_len}.
+- MTP: {c.num_mtp_depths} depths, `local_layer_ids` {c.mtp_local_layer_ids}, dense MLP {c.dense_intermediate_size}, `chain_hidden_post_norm` false, no log-tau inside depths.
 
 ## Training
-- Data: Python standard-library source of CPython 3.11 (PSF License), split into train and held-out by
-  file (`data/corpus/files.json`); byte-level BPE tokenizer with {config.unpadded_vocab_size} tokens trained on
-  the train split (`tokenizer.json`). Reproduce with `scripts/build_corpus.py`, `scripts/train_tokenizer.py`.
-- `scripts/train_demo.py`: trunk and MTP head trained jointly, one chained teacher-forced forward per
-  batch; loss = CE(trunk) + sum_m {hp.mtp_weight} * {hp.mtp_decay}^m CE(depth m). AdamW lr {hp.lr}, warmup
-  {hp.warmup}, constant, linear cooldown over the last {hp.cooldown:.0%} of the steps to {hp.min_lr_ratio} x, weight decay {hp.weight_decay}, clip {hp.clip}, batch
-  {hp.batch_size} x {hp.seq_len} tokens, seed {hp.seed}, bf16 autocast; MoE selection bias balanced with the
-  auxiliary-loss-free sign rule (rate {hp.bias_rate}).
-- {info['step']} steps of {info['total_steps']}, {info['tokens_seen'] / 1e6:.1f} M tokens, {info['train_wall_s'] / 60:.1f} min
-  on {device_name}.
+- Data: the Python standard library of CPython 3.11 (PSF License), split into train and held-out by file (`data/corpus/files.json` in the repository); byte-level BPE tokenizer of {c.unpadded_vocab_size} tokens trained on the train split (`tokenizer.json`).
+- `scripts/train_demo.py`: trunk and MTP head trained jointly from scratch, one chained teacher-forced forward per batch; loss = CE(trunk) + sum_m {hp.mtp_weight} * {hp.mtp_decay}^m * CE(depth m).
+- AdamW, lr {hp.lr}, warmup {hp.warmup} steps, constant, linear cooldown over the last {hp.cooldown:.0%} of the steps to {hp.min_lr_ratio} x lr; weight decay {hp.weight_decay}, grad clip {hp.clip}; batch {hp.batch_size} x {hp.seq_len} tokens; seed {hp.seed}; {'fp32' if device_name == 'CPU' else 'bf16 autocast'}. MoE selection bias balanced by the auxiliary-loss-free sign rule (rate {hp.bias_rate}).
+- {info['step']} steps of {info['total_steps']}, {info['tokens_seen'] / 1e6:.1f} M tokens, on {device_name}.
+- Reproduce: `python scripts/build_corpus.py tokens && python scripts/train_demo.py --out runs/demo --steps {info['total_steps']} {flags} --export DIR`.
 
 ## Held-out evaluation ({ev['windows']} windows of {hp.seq_len} tokens, teacher-forced)
 Trunk: loss {ev['trunk']['loss']:.3f}, top-1 accuracy {ev['trunk']['acc']:.3f}.
 
-| depth | attention | loss | top-1 acc | agrees with trunk argmax |
+| depth | attention | loss | top-1 accuracy | agrees with the trunk's argmax |
 |---|---|---|---|---|
 {depth_rows}
 
-Teacher-forced proxy of the acceptance length ({proxies}): not the acceptance of real speculative
-decoding, which the repository measures separately.
+Teacher-forced proxy of the acceptance length ({proxies}): the mean leading run of depths that agree
+with the trunk at one position. Real speculative decoding is measured separately.
 
 ## License
-Trained on the CPython standard library (Python Software Foundation License); weights distributed with
-this repository under its license.
+Trained on the CPython standard library (Python Software Foundation License).
 """
 
 
