@@ -654,7 +654,7 @@ def main(argv=None) -> dict:
             log["evals"].append({"step": info["step"], **ev})
             tqdm.write(f"step {info['step']}: held-out trunk {ev['trunk']['loss']:.3f}, depths "
                        + " ".join(f"{d['loss']:.2f}" for d in ev["depths"])
-                       + f"; agree " + " ".join(f"{d['agree']:.2f}" for d in ev["depths"])
+                       + "; agree " + " ".join(f"{d['agree']:.2f}" for d in ev["depths"])
                        + f"; MoE max/mean load {max(balancer.last_imbalance or [0]):.2f}")
         if time.time() - t_last_save > 60 * args.save_every_min:
             flush_pending()

@@ -95,3 +95,28 @@ def test_tokenizer_round_trips_a_heldout_file(listing, tokenizer):
                     f"(the list was made from CPython {listing['python_version']})")
     text = path.read_text(encoding="utf-8")
     assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False).ids) == text
+
+
+def test_token_streams_and_hash_check(tmp_path, tokenizer):
+    """`tokens` writes `<|bos|> file <|eos|>` per file with its offset, and refuses a file whose hash differs."""
+    bc = _build_corpus()
+    texts = {"a.py": "import os\n", "pkg/b.py": "def f():\n    return 1\n"}
+    for path, text in texts.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    listing = {"python_version": "test", "files": [
+        {"path": p, "sha256": hashlib.sha256(t.encode()).hexdigest(), "bytes": len(t), "split": "train"}
+        for p, t in texts.items()]}
+    docs = bc.read_listed(listing, tmp_path, "train")
+    stream, index = bc.tokenize_split(tokenizer, docs)
+    assert stream.dtype.name == "uint16"
+    assert [d["path"] for d in index] == ["a.py", "pkg/b.py"]
+    for d in index:
+        ids = stream[d["start"]: d["start"] + d["length"]].tolist()
+        assert ids[0] == 0 and ids[-1] == 1
+        assert tokenizer.decode(ids[1:-1]) == texts[d["path"]]
+    assert index[1]["start"] == index[0]["length"] and stream.size == sum(d["length"] for d in index)
+
+    (tmp_path / "pkg/b.py").write_text("def f():\n    return 2\n")
+    with pytest.raises(SystemExit, match="pkg/b.py: sha256 mismatch"):
+        bc.read_listed(listing, tmp_path, "train")
