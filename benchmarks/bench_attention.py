@@ -57,7 +57,9 @@ class Case:
 def cases() -> list[Case]:
     out = [Case("attention", "global", T, B, ctx)
            for T in (1, 5, 9) for B in (1, 4, 8, 16, 32) for ctx in (1024, 4096, 8192, 16384, 32768)]
-    out += [Case("attention", "global", 1, B, ctx, splits=1) for B in (1, 4, 32) for ctx in (8192, 32768)]
+    # split-KV off (S=1) and a sweep of fixed split counts next to the automatic choice of the main grid
+    out += [Case("attention", "global", 1, B, ctx, splits=S)
+            for B, ctx in ((1, 8192), (1, 32768), (4, 8192), (32, 8192)) for S in (1, 4, 16, 64)]
     out += [Case("attention", "sliding", T, B, 32768) for T in (1, 9) for B in (1, 32)]
     out += [Case("prep", "global", T, B, 8192) for T, B in ((1, 1), (1, 32), (9, 32))]
     return out
@@ -127,7 +129,7 @@ def note(c: Case, device) -> str:
     S = c.splits or choose_num_splits(c.B * NKV, max_keys, sm_count(torch.device(device)))
     band = c.B * c.T * NH * min(EXTENT[c.kind], num_keys(c)) * 4
     kv = c.B * num_keys(c) * NKV * HD * 4
-    off = " (split-KV off)" if c.splits == 1 else ""
+    off = " (split-KV off)" if c.splits == 1 else " (fixed)" if c.splits else ""
     return f"S={S}{off}; K+V {kv / 2**20:.1f} MB; L_rel band {band / 2**20:.2f} MB"
 
 
@@ -143,7 +145,8 @@ def run(ctx: harness.Context) -> list[harness.Row]:
             ms_twin = harness.bench_graph(twin, sets)
         else:
             ms_twin = None
-        rows.append(harness.Row(f"{c.op}", c.label, floor_bytes(c), ms, ms_twin, note(c, "cuda")))
+        rows.append(harness.Row(c.op if c.splits is None else f"{c.op} S={c.splits}", c.label, floor_bytes(c), ms,
+                                ms_twin, note(c, "cuda")))
         floor_us = floor_bytes(c) / (ctx.copy_gbps * 1e9) * 1e6
         twin_us = ms_twin * 1e3 if ms_twin is not None else float("nan")
         print(f"{c.label:32s} {c.op:9s} {ms * 1e3:9.1f} us  floor {floor_us:8.1f} us  twin {twin_us:9.1f} us  "
@@ -153,15 +156,17 @@ def run(ctx: harness.Context) -> list[harness.Row]:
     return rows
 
 
-def dry_run(limit: int | None = None, scale: int = 256) -> list[harness.Row]:
-    """CPU: build every case's floor and note; run the first `limit` cases at tiny sizes (contexts /
-    scale, 4/2 heads, hd 16) through kernel and twin and check they agree."""
+def dry_run(limit: int | None = None, scale: int = 256, device: str | None = None) -> list[harness.Row]:
+    """No timing: build every case's floor and note; run the first `limit` cases at tiny sizes
+    (contexts / scale, 4/2 heads, hd 16) through kernel and twin and check they agree. On CPU the
+    kernels run in the Triton interpreter (TRITON_INTERPRET=1 must be set before the import)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
     for i, c in enumerate(cases()):
-        row = harness.Row(c.op, c.label, floor_bytes(c), float("nan"), None, note(c, "cpu"))
+        row = harness.Row(c.op, c.label, floor_bytes(c), float("nan"), None, note(c, device))
         if limit is None or i < limit:
             small = Case(c.op, c.kind, c.T, min(c.B, 2), c.ctx, c.splits)
-            inputs = make_inputs(small, "cpu", nh=4, nkv=2, hd=16, scale=scale)
+            inputs = make_inputs(small, device, nh=4, nkv=2, hd=16, scale=scale)
             kernel, twin = _fns(small, nh=4, scale=scale)
             if c.op == "prep":
                 t, s = inputs

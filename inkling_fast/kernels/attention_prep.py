@@ -17,7 +17,8 @@ Design (decided here, see the issue "Fast path II"):
 * **One launch**, grid (B*T, nKV + ceil(E / BLOCK_E)). Program (row, g < nKV) owns KV head g: both
   short convs of its hd channels, the k RMSNorm, the ring and cache writes, and the q RMSNorm of the
   G = nH/nKV query heads that read KV head g. Program (row, nKV + e) computes the columns
-  e*BLOCK_E.. of L_rel for all nH heads: P is read once per row, r once per program.
+  e*BLOCK_E.. of L_rel for all nH heads as one tl.dot (r [nH, d_rel] @ P [d_rel, BLOCK_E], fp32
+  accumulation): P is read once per row, r once per program.
 * **Conv taps.** Tap j of row t reads position p - (K-1) + j: from the call's own input row t-(K-1)+j
   when that row holds exactly that position, from the ring row (position % R) otherwise, zero before
   position 0. So a call reads the ring only at the K-1 positions before its first row and writes it
@@ -30,8 +31,9 @@ Design (decided here, see the issue "Fast path II"):
   attention kernel gathers L_rel[b, t, h, p - j] for the keys within the extent; the alternative
   (16 FMAs per score from r and P inside attention) needs, for a window of T rows at different
   positions, a per-row gather of P columns ([rows, d_rel, keys]) in the inner loop. The cost of the
-  choice is T * nH * E * 4 bytes written here and read there per batch row: 128 KB at T = 1 for
-  Inkling-Small's global layers, under 1% of the K/V bytes decode reads at 8k context (4% at 1k).
+  choice is T * nH * E * 4 bytes written here and read again there per batch row (128 KB each way
+  at T = 1 for Inkling-Small's global layers): under 1% of the K/V bytes decode reads at 8k context,
+  6% at 1k.
   At prefill sizes it is large (T * nH * E * 4 bytes), the price of the simpler prefill path.
 * **Numerics** follow the reference: the conv accumulates in fp32 and rounds to the model dtype
   (the reference's ShortConv returns its input dtype), the k/q RMSNorms run in fp32 and round once;
@@ -117,7 +119,10 @@ def _prep_kv_head(q_ptr, k_in_ptr, v_in_ptr, q_norm_ptr, k_norm_ptr, k_conv_ptr,
     s = tl.load(slot_ptr + b).to(tl.int64)
     C = NKV * HD
     d = tl.arange(0, BLOCK_D)
-    dmask = _both(d < HD, live)
+    if HD == BLOCK_D:   # a mask constant along d keeps the loads vectorized
+        dmask = _both(tl.full([BLOCK_D], 1, tl.int1), live)
+    else:
+        dmask = _both(d < HD, live)
     c = g * HD + d
     # K: conv (fp32, rounded to the model dtype like the reference), then RMSNorm
     kc, k_t = _conv_channel_block(k_in_ptr, stride_kb, stride_kt, k_ring_ptr, k_conv_ptr, pos_ptr,
@@ -152,17 +157,23 @@ def _prep_kv_head(q_ptr, k_in_ptr, v_in_ptr, q_norm_ptr, k_norm_ptr, k_conv_ptr,
 
 @triton.jit
 def _prep_rel_block(r_ptr, rel_proj_ptr, rel_out_ptr, row, b, t, live, eb, tau, E, stride_rb, stride_rt,
-                    NH: tl.constexpr, D_REL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Columns eb*BLOCK_E.. of L_rel[row, h, e] = tau * sum_c r[row, h, c] * P[c, e] (fp32 FMAs)."""
+                    NH: tl.constexpr, D_REL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_E: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """Columns eb*BLOCK_E.. of L_rel[row, h, e] = tau * sum_c r[row, h, c] * P[c, e]: one tl.dot of
+    r [heads, d_rel] (padded to >= 16) by P [d_rel, BLOCK_E], fp32 accumulation (bf16 products are
+    exact in fp32; fp32 operands use IEEE dots)."""
     e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
     h = tl.arange(0, BLOCK_H)
+    cr = tl.arange(0, BLOCK_R)
     emask = _both(e < E, live)
     hmask = _both(h < NH, live)
-    acc = tl.zeros([BLOCK_H, BLOCK_E], dtype=tl.float32)
-    for c in tl.static_range(D_REL):
-        rc = tl.load(r_ptr + b * stride_rb + t * stride_rt + h * D_REL + c, mask=hmask, other=0.0)
-        pc = tl.load(rel_proj_ptr + c * E + e, mask=emask, other=0.0)
-        acc += rc.to(tl.float32)[:, None] * pc.to(tl.float32)[None, :]
+    r = tl.load(r_ptr + b * stride_rb + t * stride_rt + h[:, None] * D_REL + cr[None, :],
+                mask=hmask[:, None] & (cr[None, :] < D_REL), other=0.0)
+    P = tl.load(rel_proj_ptr + cr[:, None] * E + e[None, :], mask=(cr[:, None] < D_REL) & emask[None, :], other=0.0)
+    if INTERPRET or r_ptr.dtype.element_ty != rel_proj_ptr.dtype.element_ty:
+        acc = tl.dot(r.to(tl.float32), P.to(tl.float32), input_precision="ieee")
+    else:
+        acc = tl.dot(r, P, input_precision=PREC)
     tl.store(rel_out_ptr + (row.to(tl.int64) * NH + h[:, None]) * E + e[None, :], acc * tau,
              mask=hmask[:, None] & emask[None, :])
 
@@ -177,8 +188,9 @@ def _prep_kernel(
     stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt, stride_rb, stride_rt,
     eps, n_floor, alpha,
     NKV: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, D_REL: tl.constexpr, KSIZE: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_E: tl.constexpr,
-    HAS_TAU: tl.constexpr, TO_CACHE: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_E: tl.constexpr, HAS_TAU: tl.constexpr, TO_CACHE: tl.constexpr, PREC: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     row = tl.program_id(0)                       # b * T + t
     work = tl.program_id(1)                      # KV head g < NKV, else L_rel column block
@@ -198,7 +210,7 @@ def _prep_kernel(
                       NKV, G, HD, KSIZE, BLOCK_D, BLOCK_G, TO_CACHE, INTERPRET)
     else:
         _prep_rel_block(r_ptr, rel_proj_ptr, rel_out_ptr, row, b, t, live, work - NKV, tau, E, stride_rb, stride_rt,
-                        NKV * G, D_REL, BLOCK_H, BLOCK_E)
+                        NKV * G, D_REL, BLOCK_H, BLOCK_R, BLOCK_E, PREC, INTERPRET)
 
 
 @triton.jit
@@ -260,7 +272,8 @@ def _validate(q, k_in, v_in, r, q_norm, k_norm, k_conv, v_conv, rel_proj, k_ring
     _check_rows("v_in", v_in, B, T, C)
     _check_rows("r", r, B, T, nH * d_rel)
     for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
-        _need(tuple(w.shape) == (hd,), f"{name}: expected [{hd}], got {tuple(w.shape)}")
+        _need(tuple(w.shape) == (hd,) and w.is_contiguous(), f"{name}: expected a contiguous [{hd}], got "
+              f"{tuple(w.shape)} with strides {w.stride()}")
     k_conv = _conv_weight("k_conv", k_conv, C)
     v_conv = _conv_weight("v_conv", v_conv, C)
     _need(k_conv.shape == v_conv.shape, f"k_conv {tuple(k_conv.shape)} and v_conv {tuple(v_conv.shape)} differ")
@@ -325,9 +338,8 @@ def attention_prep(q, k_in, v_in, r, *, q_norm, k_norm, k_conv, v_conv, rel_proj
     if B * T == 0:
         return Prep(q_out, rel_out, k_dst if flat_kv else None, v_dst if flat_kv else None)
 
-    BLOCK_H = triton.next_power_of_2(nH)
-    # 4096 fp32 accumulators per L_rel program: no spills at 32 or 64 heads on sm_90 (ptxas -v, 127 regs)
-    BLOCK_E = max(16, min(triton.next_power_of_2(E), 4096 // BLOCK_H))
+    BLOCK_H = max(16, triton.next_power_of_2(nH))
+    BLOCK_E = max(16, min(triton.next_power_of_2(E), 4096 // BLOCK_H))   # 4096 fp32 accumulators per program
     n_floor, alpha = (float(log_tau[0]), float(log_tau[1])) if log_tau is not None else (1.0, 0.0)
     G = nH // nKV
     grid = (B * T, nKV + triton.cdiv(E, BLOCK_E))
@@ -340,7 +352,8 @@ def attention_prep(q, k_in, v_in, r, *, q_norm, k_norm, k_conv, v_conv, rel_proj
         float(eps), n_floor, alpha,
         NKV=nKV, G=G, HD=hd, D_REL=d_rel, KSIZE=K,
         BLOCK_D=triton.next_power_of_2(hd), BLOCK_G=triton.next_power_of_2(G), BLOCK_H=BLOCK_H,
-        BLOCK_E=BLOCK_E, HAS_TAU=log_tau is not None, TO_CACHE=not flat_kv, INTERPRET=_INTERPRET,
+        BLOCK_R=max(16, triton.next_power_of_2(d_rel)), BLOCK_E=BLOCK_E, HAS_TAU=log_tau is not None,
+        TO_CACHE=not flat_kv, PREC="ieee" if r.dtype == torch.float32 else None, INTERPRET=_INTERPRET,
         num_warps=4,
     )
     if not flat_kv:

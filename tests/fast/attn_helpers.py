@@ -6,7 +6,8 @@ inputs, exactly as the reference's LayerCache holds them) and T_b new rows, runs
 Attention on them (capturing the input of o_proj, i.e. the attention output), and lays out for the
 fast path: the projections of the new rows in [B, T] grids (NaN on padding rows), the last `cap`
 history keys at row p % cap of a NaN-poisoned KV cache, and the last R conv inputs at row p % R of
-NaN-poisoned conv rings, with a shuffled slot per batch row and one unused slot.
+NaN-poisoned conv rings, with a shuffled slot per batch row and one unused slot. Tensors live on
+DEVICE (CUDA when present, so the small tests also run compiled on a GPU machine).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from inkling_ref import InklingConfig, LayerCache
 from inkling_ref.attention import Attention
 from inkling_ref.config import GLOBAL, SLIDING
 from inkling_ref.random_init import randomize_
+
+# The small (CI) tests run through the interpreter on CPU and compiled on a GPU machine.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -106,7 +110,7 @@ class Case:
 
 
 def build_case(spec: Spec, lengths: list[int], rows: list[int], T: int, *, dtype=torch.float32,
-               ref_dtype=torch.float64, device="cpu", seed=0, cap: int | None = None, R: int | None = None,
+               ref_dtype=torch.float64, device=DEVICE, seed=0, cap: int | None = None, R: int | None = None,
                left_pad: bool = False) -> Case:
     """lengths[b]: history length n_b of batch row b; rows[b] <= T: its number of new (valid) rows.
     All parameters and history values are rounded to `dtype` first, so the reference (in ref_dtype)
@@ -127,8 +131,12 @@ def build_case(spec: Spec, lengths: list[int], rows: list[int], T: int, *, dtype
     slots = B + 1
     nan = float("nan")
 
+    g_dev = torch.Generator(device=device).manual_seed(seed)   # large histories are drawn on the device
+
     def rnd(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).to(ref_dtype).to(device)
+        x = torch.randn(*shape, generator=g_dev, device=device, dtype=torch.float64 if ref_dtype == torch.float64
+                        else torch.float32)
+        return x.to(dtype).to(ref_dtype)
 
     perm = torch.randperm(slots, generator=g)[:B]
     slot = perm.to(torch.int32).to(device)

@@ -5,7 +5,7 @@ a flat history, kernels vs twin with poisoned outputs and caches, kernels vs the
 import pytest
 import torch
 
-from attn_helpers import Spec, build_case, rel_l2, same_bits
+from attn_helpers import DEVICE, Spec, build_case, rel_l2, same_bits
 from inkling_fast.kernels.attention_prefill import attention_prefill, attention_prefill_torch
 from inkling_fast.kernels.attention_prep import attention_prep, attention_prep_torch
 
@@ -17,7 +17,7 @@ LENGTHS = [0, 5, 13]          # a fresh prompt, and chunks continuing a history
 ROWS = [12, 10, 6]
 
 
-def build(spec, dtype, seed, left=False, device="cpu", ref_dtype=torch.float64, lengths=LENGTHS, rows=ROWS, T=T):
+def build(spec, dtype, seed, left=False, device=DEVICE, ref_dtype=torch.float64, lengths=LENGTHS, rows=ROWS, T=T):
     cap = spec.window + 2 if spec.kind == "sliding" else max(lengths) + T + 1
     return build_case(spec, lengths, rows, T, dtype=dtype, ref_dtype=ref_dtype, seed=seed, cap=cap,
                       R=spec.K + 1, left_pad=left, device=device)
@@ -66,7 +66,7 @@ def test_kernel_matches_twin(name, dtype):
     spec = SPECS[name]
     case = build(spec, dtype, seed=62, left=(name == "global-logtau"))
     tp, to, ts = run(case, attention_prep_torch, attention_prefill_torch)
-    poisoned = torch.full((len(LENGTHS), T, spec.nH, spec.hd), float("nan"), dtype=dtype)
+    poisoned = torch.full((len(LENGTHS), T, spec.nH, spec.hd), float("nan"), dtype=dtype, device=DEVICE)
     kp, ko, ks = run(case, attention_prep, attention_prefill, out=poisoned)
     assert ko is poisoned
     v = case.valid
