@@ -45,7 +45,9 @@ Design (decided here, see the issue "Fast path II"):
 Constraints checked by the wrapper: dtypes (bf16, fp16 or fp32 activations/caches, any float
 weights), shapes, devices, int32 indices, R >= T + K - 1 and T <= cap unless `flat_kv`.
 Positions and slots live on the device and are not inspected (that would be a host sync): slots
-must be in range and a global layer's cap must exceed every position.
+must be in range and distinct across the batch rows that hold valid rows (two rows writing one slot
+would race), the valid rows of a batch row must hold consecutive positions, and a global layer's
+cap must exceed every position.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def test_kernel_matches_twin(spec, T, rows, left, dtype):
     twin, twin_state, kern, kern_state = run_both(case)
     v = case.valid
     assert rel_l2(kern.q[v], twin.q[v]) <= TOL[dtype]
-    assert rel_l2(kern.rel[v], twin.rel[v]) <= 1e-6
+    assert rel_l2(kern.rel[v], twin.rel[v]) <= 1e-5
     # padding rows: nothing written (still NaN)
     assert kern.q[~v].isnan().all() and kern.rel[~v].isnan().all()
     # conv rings: exact copies at the valid positions, every other row untouched (still poison)
@@ -193,7 +193,7 @@ def test_real_sizes_gpu(name, T):
     torch.cuda.synchronize()
     v = case.valid
     assert kern.q[~v].isnan().all()
-    assert rel_l2(kern.q[v], twin.q[v]) <= 1e-2 and rel_l2(kern.rel[v], twin.rel[v]) <= 1e-6
+    assert rel_l2(kern.q[v], twin.q[v]) <= 1e-2 and rel_l2(kern.rel[v], twin.rel[v]) <= 1e-5
     for name_ in ("k_ring", "v_ring"):
         assert same_bits(kern_state[name_], twin_state[name_])
     b_i, t_i = v.nonzero(as_tuple=True)
