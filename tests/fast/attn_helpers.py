@@ -192,12 +192,3 @@ def build_case(spec: Spec, lengths: list[int], rows: list[int], T: int, *, dtype
     return Case(spec, ref, grid["q"], grid["k_in"], grid["v_in"], grid["r"], weights, k_ring, v_ring, k_cache,
                 v_cache, slot, pos, out, k_new, v_new)
 
-
-def expected_cache(case: Case, name: str, new_rows: torch.Tensor, state: dict) -> torch.Tensor:
-    """The cache `name` ('k_cache'/'v_cache', from `state`) after writing the valid rows new_rows[b, t]
-    at row pos % cap of slot[b]."""
-    cache = state[name].clone()
-    cap = cache.shape[1]
-    b_i, t_i = case.valid.nonzero(as_tuple=True)
-    cache[case.slot.long()[b_i], case.pos[b_i, t_i].long() % cap] = new_rows[b_i, t_i].to(cache.dtype)
-    return cache
