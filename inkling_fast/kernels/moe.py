@@ -275,8 +275,8 @@ def moe_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w1
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """x: contiguous [N, H], N <= 256; chosen: int [N, k] routed ids in 0..R-1; weights: float32
     [N, k + S] (chosen first, then shared); w13: [R, 2F, H] (interleaved rows); w2: [R, H, F];
-    shared_w13: [S, 2F, H], shared_w2: [S, H, F] (or None for S = 0). Weights in x's dtype.
-    Returns [N, H] in x's dtype (into `out` when given). Five launches, no host sync."""
+    shared_w13: [S, 2F, H], shared_w2: [S, H, F] (or None for S = 0); expert tensors in x's dtype.
+    Returns [N, H] in x's dtype (into `out` when given). Four launches (align, up, down, combine), no host sync."""
     check_x(x)
     N, H = x.shape
     if N > MAX_TOKENS:
@@ -340,7 +340,7 @@ def moe(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor,
         shared_w2: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The whole MoE layer (inkling_ref.moe.MoE.forward) for x [N, H], N <= 256: `moe_route`, then
     `moe_experts`. router_weight [R + S, H], router_bias [R], gate_global_scale [1] (on the device),
-    route_scale (float), top_k, expert weights as in `moe_experts`. Seven launches, no host sync."""
+    route_scale (float), top_k, expert weights as in `moe_experts`. Six launches, no host sync."""
     if not isinstance(route_scale, (int, float)) or not math.isfinite(route_scale):
         raise ValueError(f"route_scale must be a finite number, got {route_scale!r}")
     S = 0 if shared_w13 is None else shared_w13.shape[0]
