@@ -58,7 +58,7 @@ def _dot(a, b, acc, FP32_DOT: tl.constexpr):
 def _lm_head_partial_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_groups,
                             BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                             FP32_DOT: tl.constexpr, EVEN_K: tl.constexpr):
-    G: tl.constexpr = BLOCK_V // 64
+    G: tl.constexpr = BLOCK_V // 64                                   # groups of GROUP = 64 ids per tile
     v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)            # vocabulary ids of this tile
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)            # token rows of this block
     kk = tl.arange(0, BLOCK_K)

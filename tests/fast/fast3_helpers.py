@@ -34,14 +34,16 @@ def poison(t: torch.Tensor) -> torch.Tensor:
 
 
 def randn(*shape, dtype=torch.float32, device="cpu", gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
-    """Standard normal draws from a CPU generator (reproducible on any device), moved to `device`."""
-    return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+    """Standard normal draws, made where the generator lives (a CPU generator: reproducible on any
+    device; a CUDA one for tensors of gigabytes), moved to `device`."""
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32, device=gen.device)
+    return (x * scale).to(device=device, dtype=dtype)
 
 
 def randint(low: int, high: int, *shape, dtype=torch.float32, device="cpu", gen: torch.Generator) -> torch.Tensor:
     """Integers in [low, high) as `dtype` (exact in bf16 for small ranges): sums of their products are
     exact in float32, so equal dot products are true ties whatever the summation order."""
-    return torch.randint(low, high, shape, generator=gen).to(device=device, dtype=dtype)
+    return torch.randint(low, high, shape, generator=gen, device=gen.device).to(device=device, dtype=dtype)
 
 
 def run_without_sync_then_capture(step) -> "torch.cuda.CUDAGraph":

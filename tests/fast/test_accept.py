@@ -103,7 +103,7 @@ def test_greedy_verify_step_without_host_sync():
     """The greedy verify step of a batch (argmax over the LM head for every verify row, then accept)
     runs under torch.cuda.set_sync_debug_mode("error") and replays from a CUDA graph on new inputs,
     matching inkling_ref's accept_greedy on the logits each time."""
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator(device="cuda").manual_seed(5)
     B, K, H, V, V_out = 6, 4, 4096, 32768, 32000
     # integer-valued weights and hiddens: exact float32 logits on both sides (ties included)
     W = randint(-1, 2, V, H, dtype=torch.bfloat16, device="cuda", gen=g)
@@ -124,7 +124,7 @@ def test_greedy_verify_step_without_host_sync():
         logits = (hid.float() @ W[:V_out].float().T).view(B, K + 1, V_out)
         target = logits.argmax(-1)
         # drafts agree with the target on a prefix of length b % (K + 1)
-        d = torch.randint(0, V_out, (B, K), generator=g).cuda()
+        d = torch.randint(0, V_out, (B, K), generator=g, device="cuda")
         for b in range(B):
             n = b % (K + 1)
             d[b, :n] = target[b, :n]

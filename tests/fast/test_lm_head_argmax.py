@@ -1,6 +1,9 @@
 """LM-head argmax without the logits: twin vs inkling_ref's readout, kernel vs twin (random, exact
 ties, padding rows, several token blocks), errors, and on a GPU the real sizes and a CUDA graph."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 from fast3_helpers import (device, poison, randint, randn, rel_l2,  # noqa: F401 (fixture)
@@ -13,22 +16,31 @@ from inkling_ref import random_model
 DTYPES = [torch.float32, torch.bfloat16]
 
 
+def exact_logits(h: torch.Tensor, W: torch.Tensor, V_out: int, chunk: int = 16384) -> torch.Tensor:
+    """(h @ W[:V_out]^T) in float64 on h's device, a chunk of the vocabulary at a time: exact for
+    integer-valued inputs, within 1e-12 of exact otherwise."""
+    return torch.cat([h.double() @ W[v0: min(v0 + chunk, V_out)].double().T for v0 in range(0, V_out, chunk)], 1)
+
+
 def exact_argmax(h: torch.Tensor, W: torch.Tensor, V_out: int) -> torch.Tensor:
-    """For integer-valued h, W: the argmax of the exact (int64) dot products, first maximum."""
-    return (h.long().cpu() @ W[:V_out].long().cpu().T).argmax(dim=-1)
+    """The lowest id reaching the maximum of the float64 logits (CPU tensor)."""
+    logits = exact_logits(h, W, V_out)
+    ids = torch.arange(V_out, device=logits.device)
+    is_max = logits == logits.max(dim=1, keepdim=True).values
+    return torch.where(is_max, ids, V_out).min(dim=1).values.cpu()
 
 
 def assert_is_argmax(ids, h, W, V_out, mup, vals=None, rtol=1e-5):
     """ids[t] is an argmax of (h @ W[:V_out]^T)[t] up to float32 rounding: its float64 logit is within
     rtol * (|h_t| * max_v |W_v|) of the float64 maximum (so only a near tie may pick another id)."""
-    logits = h.double().cpu() @ W[:V_out].double().cpu().T
-    ids = ids.cpu()
+    logits = exact_logits(h, W, V_out)
     assert ((ids >= 0) & (ids < V_out)).all(), ids
-    got = logits.gather(1, ids[:, None])[:, 0]
-    scale = h.double().cpu().norm(dim=1) * W[:V_out].double().cpu().norm(dim=1).max()
+    got = logits.gather(1, ids.to(logits.device)[:, None])[:, 0]
+    scale = h.double().norm(dim=1) * torch.cat([W[v0: v0 + 16384, :].double().norm(dim=1)
+                                                for v0 in range(0, V_out, 16384)])[:V_out].max()
     assert (got >= logits.max(dim=1).values - rtol * scale).all()
     if vals is not None:
-        assert rel_l2(vals.cpu(), logits.max(dim=1).values / mup) <= rtol
+        assert rel_l2(vals, logits.max(dim=1).values / mup) <= rtol
 
 
 def test_twin_matches_reference_readout():
@@ -83,13 +95,13 @@ def test_ties_go_to_the_lowest_id(device, dtype):
             W[r] = strong
     h, W = h.to(device), W.to(device)
     want = exact_argmax(h, W, V_out)
-    exact = h.long().cpu() @ W[:V_out].long().cpu().T
+    exact = exact_logits(h, W, V_out).cpu()
     ties = (exact == exact.max(dim=1, keepdim=True).values).sum(dim=1)
     assert (ties[:4] >= 2).all()                                  # rows 0-3 really have a tie
     assert want.tolist() == [3, 70, 130, 64, 279]                 # row 4: copies >= V_out do not count
     ids, vals = lm_head_argmax(h, W, V_out)
     assert ids.cpu().tolist() == want.tolist()
-    assert torch.equal(vals.cpu().double(), exact.max(dim=1).values.double())
+    assert torch.equal(vals.cpu().double(), exact.max(dim=1).values)
     assert torch.equal(lm_head_argmax_torch(h, W, V_out)[0].cpu(), want)
 
 
@@ -103,7 +115,7 @@ def test_many_natural_ties(device, dtype):
     ids, _ = lm_head_argmax(h, W, V_out)
     want = exact_argmax(h, W, V_out)
     assert ids.cpu().tolist() == want.tolist()
-    exact = h.long().cpu() @ W[:V_out].long().cpu().T
+    exact = exact_logits(h, W, V_out).cpu()
     assert ((exact == exact.max(dim=1, keepdim=True).values).sum(dim=1) > 1).float().mean() > 0.5
 
 
@@ -148,7 +160,7 @@ V_REAL, V_OUT_REAL = 201024, 200058
 @pytest.mark.gpu
 @pytest.mark.parametrize("H", [4096, 6144])
 def test_real_sizes(H):
-    g = torch.Generator().manual_seed(H)
+    g = torch.Generator(device="cuda").manual_seed(H)
     W = randn(V_REAL, H, dtype=torch.bfloat16, device="cuda", gen=g, scale=H ** -0.5)
     rows = mismatches = 0
     for T in (1, 2, 5, 16, 33, 64, 100):
@@ -166,15 +178,14 @@ def test_real_sizes(H):
 @pytest.mark.gpu
 @pytest.mark.parametrize("H", [4096, 6144])
 def test_real_size_ties(H):
-    g = torch.Generator().manual_seed(H + 1)
+    g = torch.Generator(device="cuda").manual_seed(H + 1)
     T = 8
-    h = randint(-2, 3, T, H, dtype=torch.bfloat16, gen=g)
-    W = randint(-1, 2, V_REAL, H, dtype=torch.bfloat16, gen=g)
+    h = randint(-2, 3, T, H, dtype=torch.bfloat16, device="cuda", gen=g)
+    W = randint(-1, 2, V_REAL, H, dtype=torch.bfloat16, device="cuda", gen=g)
     for t in range(T):
         strong = 2 * torch.sign(h[t].float()).bfloat16()
         for r in (1000 + 25_000 * t, 1001 + 25_000 * t, 190_000 + t, V_OUT_REAL + t):
             W[r] = strong
-    h, W = h.cuda(), W.cuda()
     want = exact_argmax(h, W, V_OUT_REAL)
     assert want.tolist() == [1000 + 25_000 * t for t in range(T)]
     ids, _ = lm_head_argmax(h, W, V_OUT_REAL)
@@ -184,7 +195,7 @@ def test_real_size_ties(H):
 @pytest.mark.gpu
 def test_captured_in_a_cuda_graph_without_host_sync():
     """Replaying a captured call on new hidden states gives the new argmax (no host sync inside)."""
-    g = torch.Generator().manual_seed(11)
+    g = torch.Generator(device="cuda").manual_seed(11)
     H, T, V, V_out = 4096, 4, 32768, 32000
     W = randn(V, H, dtype=torch.bfloat16, device="cuda", gen=g, scale=H ** -0.5)
     h_static = randn(T, H, dtype=torch.bfloat16, device="cuda", gen=g)
@@ -199,3 +210,14 @@ def test_captured_in_a_cuda_graph_without_host_sync():
         torch.cuda.synchronize()
         assert_is_argmax(ids_static, h_static, W, V_out, 16.0, vals_static)
         assert torch.equal(ids_static, lm_head_argmax_torch(h_static, W, V_out)[0])
+
+
+def test_benchmark_dry_run():
+    """benchmarks/bench_lm_head.py imports, builds its cases and passes its checks at tiny sizes (its timing
+    runs only on a GPU, through benchmarks/kernels.py)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_lm_head.py"
+    spec = importlib.util.spec_from_file_location("bench_lm_head", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.SECTION and callable(bench.run)
+    bench.dry_run()
