@@ -4,6 +4,8 @@ reference, mutants of the kernels that the tests must catch, and on a GPU the re
 top-6, 2 shared) and a run without host sync, replayed from a CUDA graph."""
 
 import importlib
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -320,3 +322,14 @@ def test_without_host_sync_in_a_cuda_graph():
         torch.cuda.synchronize()
         chosen, weights = moe_route(x, *layer[:5])
         assert rel_l2(y, moe_experts_torch(x, chosen.long(), weights, *layer[5:])) <= 1e-2
+
+
+def test_benchmark_dry_run():
+    """benchmarks/bench_moe.py imports, builds its cases and passes its checks at tiny sizes (its timing
+    runs only on a GPU, through benchmarks/kernels.py)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_moe.py"
+    spec = importlib.util.spec_from_file_location("bench_moe", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.SECTION and callable(bench.run)
+    bench.dry_run()
