@@ -1,0 +1,108 @@
+"""Greedy accept / correct / bonus for a batch, on the device (shared/spec/mtp-cycle.md §3.3):
+
+    a[b]          = length of the longest prefix j < k_eff[b] with drafts[b, j] == target[b, j]
+    next_token[b] = target[b, a[b]]        the trunk's argmax there: the correction, or the bonus if a = k_eff
+    emitted[b]    = drafts[b, :a], next_token, then -1 padding          [B, K+1]
+
+target[b, j] is the trunk's argmax at verify row j (row j judges draft j+1; row k_eff gives the
+bonus), e.g. from `lm_head_argmax` over the verify hiddens. k_eff (per sequence, <= K) allows ragged
+draft counts; drafts and targets beyond it are ignored. One program per sequence, no host sync: the
+engine reads a and next_token on the device (commit n += a + 1) or copies them back asynchronously.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INT_DTYPES = (torch.int32, torch.int64)
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _greedy_accept_kernel(drafts_ptr, target_ptr, k_eff_ptr, a_ptr, next_ptr, emitted_ptr, K,
+                          HAS_K_EFF: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, BLOCK)
+    if HAS_K_EFF:
+        ke = tl.minimum(tl.maximum(tl.load(k_eff_ptr + b).to(tl.int32), 0), K)
+    else:
+        ke = K
+    d = tl.load(drafts_ptr + b * K + j, mask=j < K, other=-1).to(tl.int64)
+    tgt = tl.load(target_ptr + b * (K + 1) + j, mask=j < K + 1, other=-1).to(tl.int64)
+    stop = (d != tgt) | (j >= ke)                       # j = k_eff always stops: a <= k_eff
+    a = tl.min(tl.where(stop, j, BLOCK), axis=0)
+    nxt = tl.sum(tl.where(j == a, tgt, 0), axis=0)      # target[b, a]
+    emitted = tl.where(j < a, d, tl.where(j == a, nxt, -1))
+    tl.store(a_ptr + b, a)
+    tl.store(next_ptr + b, nxt)
+    tl.store(emitted_ptr + b * (K + 1) + j, emitted, mask=j < K + 1)
+
+
+def greedy_accept_torch(drafts: torch.Tensor, target: torch.Tensor, k_eff: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The twin. drafts [B, K], target [B, K+1], k_eff [B] or None -> (a int32 [B], next int64 [B],
+    emitted int64 [B, K+1])."""
+    B, K = drafts.shape
+    j = torch.arange(K + 1, device=drafts.device)
+    ke = torch.full((B,), K, device=drafts.device) if k_eff is None else k_eff.long().clamp(0, K)
+    match = (drafts.long() == target[:, :K].long()) & (j[None, :K] < ke[:, None])
+    a = match.long().cumprod(dim=1).sum(dim=1)                            # longest agreeing prefix
+    nxt = target.long().gather(1, a[:, None])[:, 0]
+    d = torch.cat([drafts.long(), drafts.new_full((B, 1), -1).long()], dim=1)
+    emitted = torch.where(j[None] < a[:, None], d, torch.where(j[None] == a[:, None], nxt[:, None], -1))
+    return a.int(), nxt, emitted
+
+
+def _check(t, name: str, shape: tuple, device) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype not in INT_DTYPES:
+        raise ValueError(f"{name} must be an int32/int64 tensor of shape {shape}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, drafts on {device}: they must be on one device")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (strides {t.stride()})")
+
+
+def accept_outputs(out, B: int, K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (a, next_token, emitted) buffers: new ones, or `out` checked (e.g. a CUDA graph's static ones)."""
+    want = ((B,), torch.int32), ((B,), torch.int64), ((B, K + 1), torch.int64)
+    if out is None:
+        return tuple(torch.empty(s, dtype=dt, device=device) for s, dt in want)
+    names = ("a", "next_token", "emitted")
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise ValueError("out must be a tuple (a, next_token, emitted)")
+    for t, (s, dt), name in zip(out, want, names):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != s or t.dtype != dt or t.device != device \
+                or not t.is_contiguous():
+            raise ValueError(f"out[{name}] must be a contiguous {dt} tensor of shape {s} on {device}")
+    return tuple(out)
+
+
+def greedy_accept(drafts: torch.Tensor, target: torch.Tensor, k_eff: torch.Tensor | None = None,
+                  out: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """drafts: int [B, K] (d_1..d_K per sequence); target: int [B, K+1] (the trunk's argmax per verify
+    row); k_eff: int [B] (drafts actually made, <= K; values outside 0..K are clamped) or None (= K).
+    Returns (a int32 [B], next_token int64 [B], emitted int64 [B, K+1]), into `out` when given.
+    One launch, no host sync."""
+    if not isinstance(drafts, torch.Tensor) or drafts.dim() != 2 or drafts.dtype not in INT_DTYPES:
+        raise ValueError("drafts must be an int32/int64 tensor [B, K]")
+    if drafts.device.type != "cuda" and not INTERPRET:
+        raise ValueError(f"drafts is on {drafts.device}: the Triton kernels need CUDA tensors "
+                         "(CPU tensors only under TRITON_INTERPRET=1)")
+    if not drafts.is_contiguous():
+        raise ValueError(f"drafts must be contiguous (strides {drafts.stride()})")
+    B, K = drafts.shape
+    _check(target, "target", (B, K + 1), drafts.device)
+    if k_eff is not None:
+        _check(k_eff, "k_eff", (B,), drafts.device)
+    a, nxt, emitted = accept_outputs(out, B, K, drafts.device)
+    if B > 0:
+        _greedy_accept_kernel[(B,)](drafts, target, k_eff if k_eff is not None else a, a, nxt, emitted, K,
+                                    HAS_K_EFF=k_eff is not None, BLOCK=triton.next_power_of_2(K + 1),
+                                    num_warps=1)
+    return a, nxt, emitted

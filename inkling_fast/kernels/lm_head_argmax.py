@@ -1,0 +1,201 @@
+"""Greedy token selection straight from the LM head, without writing the [T, V] logits.
+
+    logits[t, v] = (h[t] . W[v]) / mup          for v < V_out (the unpadded vocabulary)
+    ids[t]       = argmax_v logits[t, v]        ties to the LOWEST id; padding rows v >= V_out never win
+    vals[t]      = max_v logits[t, v]           (float32)
+
+h: [T, H] (the trunk's post-final-norm hidden, or an MTP depth's output), W: [V, H] the unembedding.
+The argmax is taken over the float32 dot products; mup > 0 only scales the returned value (dividing
+by a positive constant does not change which id is largest). Equal dot products are true ties and go
+to the lowest id, as `torch.argmax` and inkling_ref do.
+
+Two launches, both free of host synchronization:
+  1. split-V: program (i, j) computes the logits of a V-tile of BLOCK_V rows for a block of up to
+     BLOCK_T (<= 64) token rows, `tl.dot(W_tile [BLOCK_V, BLOCK_K], h_tile^T [BLOCK_K, BLOCK_T])`
+     accumulated in float32 over H, and writes, per group of GROUP = 64 ids, the group's maximum
+     and the lowest id reaching it: partials [T, cdiv(V_out, GROUP)] (a few KB, never the logits).
+     With W as the wide operand and T as the narrow one, every program streams BLOCK_V * H weights
+     once for all T rows: the kernel reads W once (for T <= 64), which is the floor.
+  2. reduce: one program per token row scans its partials in id order and keeps the first maximum.
+The group granularity is fixed (independent of the tile size the autotuner picks), so the second
+pass never needs to know the launch configuration of the first.
+
+On a GPU the first kernel is autotuned (Triton's autotuner benchmarks a few tile shapes on the first
+call for each (H, BLOCK_T)): warm up once before capturing a CUDA graph or timing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+GROUP = 64            # ids per partial (max, argmax) entry
+MAX_BLOCK_T = 64      # token rows per program; more rows are split over a second grid axis
+REDUCE_BLOCK = 1024   # partials per step of the reduction
+INT32_MAX = 2**31 - 1
+
+
+@triton.jit
+def _dot(a, b, acc, FP32_DOT: tl.constexpr):
+    """acc + a @ b in float32: float32 operands exactly ("ieee", not tf32), bf16/fp16 on the tensor cores.
+    FP32_DOT is also set for bf16/fp16 operands under TRITON_INTERPRET=1: the Triton 3.9 interpreter
+    multiplies bf16 operands as raw integers, so there they are upcast first (exact: bf16 -> fp32)."""
+    if FP32_DOT:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.heuristics({"EVEN_K": lambda a: a["H"] % a["BLOCK_K"] == 0})
+@triton.jit
+def _lm_head_partial_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_groups,
+                            BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                            FP32_DOT: tl.constexpr, EVEN_K: tl.constexpr):
+    G: tl.constexpr = BLOCK_V // 64                                   # groups of GROUP = 64 ids per tile
+    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)            # vocabulary ids of this tile
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)            # token rows of this block
+    kk = tl.arange(0, BLOCK_K)
+    v_ok = v < V_out
+    t_ok = t < T
+    w_ptrs = w_ptr + v[:, None].to(tl.int64) * H + kk[None, :]        # [BLOCK_V, BLOCK_K]
+    h_ptrs = h_ptr + t[None, :].to(tl.int64) * H + kk[:, None]        # [BLOCK_K, BLOCK_T] = h^T
+    acc = tl.zeros([BLOCK_V, BLOCK_T], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptrs + k0, mask=v_ok[:, None], other=0.0)
+            ht = tl.load(h_ptrs + k0, mask=t_ok[None, :], other=0.0)
+        else:
+            k_ok = (k0 + kk) < H
+            w = tl.load(w_ptrs + k0, mask=v_ok[:, None] & k_ok[None, :], other=0.0)
+            ht = tl.load(h_ptrs + k0, mask=k_ok[:, None] & t_ok[None, :], other=0.0)
+        acc = _dot(w, ht, acc, FP32_DOT)
+    # per group of 64 ids: the maximum and the lowest id that reaches it (ids >= V_out never win)
+    scores = tl.where(v_ok[:, None], acc, float("-inf"))
+    scores = tl.reshape(scores, [G, 64, BLOCK_T])
+    ids = tl.reshape(v, [G, 64])[:, :, None]
+    m = tl.max(scores, axis=1)                                            # [G, BLOCK_T]
+    idx = tl.min(tl.where(scores == m[:, None, :], ids, INT32_MAX), axis=1)
+    idx = tl.minimum(idx, V_out - 1)  # a NaN logit matches nothing: keep the id in range regardless
+    grp = tl.program_id(0) * G + tl.arange(0, G)
+    offs = t[None, :] * n_groups + grp[:, None]                          # partials are [T, n_groups]
+    ok = (grp[:, None] < n_groups) & t_ok[None, :]
+    tl.store(pmax_ptr + offs, m, mask=ok)
+    tl.store(pidx_ptr + offs, idx, mask=ok)
+
+
+@triton.jit
+def _lm_head_reduce_kernel(pmax_ptr, pidx_ptr, ids_ptr, vals_ptr, n_groups, mup, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_id = tl.full([], 0, tl.int32)
+    for c0 in range(0, n_groups, BLOCK):
+        offs = c0 + tl.arange(0, BLOCK)
+        ok = offs < n_groups
+        vals = tl.load(pmax_ptr + t * n_groups + offs, mask=ok, other=float("-inf"))
+        idx = tl.load(pidx_ptr + t * n_groups + offs, mask=ok, other=INT32_MAX)
+        m = tl.max(vals, axis=0)
+        cand = tl.min(tl.where(vals == m, idx, INT32_MAX), axis=0)
+        take = m > best        # strictly greater: an equal maximum in a later chunk has a higher id
+        best_id = tl.where(take, cand, best_id)
+        best = tl.where(take, m, best)
+    tl.store(ids_ptr + t, best_id.to(tl.int64))
+    tl.store(vals_ptr + t, best / mup)
+
+
+_CONFIGS = [
+    triton.Config({"BLOCK_V": 128, "BLOCK_K": 128}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_V": 128, "BLOCK_K": 64}, num_warps=4, num_stages=5),
+    triton.Config({"BLOCK_V": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_V": 64, "BLOCK_K": 256}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_V": 256, "BLOCK_K": 64}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_V": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
+]
+_INTERPRET_META = dict(BLOCK_V=64, BLOCK_K=32, num_warps=4)
+_partial = _lm_head_partial_kernel if INTERPRET else \
+    triton.autotune(configs=_CONFIGS, key=["H", "BLOCK_T", "FP32_DOT"])(_lm_head_partial_kernel)
+
+
+def lm_head_argmax_torch(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = None,
+                         mup: float = 1.0, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """The twin: float32 logits chunk by chunk over the vocabulary, argmax with ties to the lowest id.
+    h: [T, H], weight: [V, H] -> (ids int64 [T], vals float32 [T])."""
+    V_out = weight.shape[0] if vocab_out is None else vocab_out
+    hf = h.float()
+    best = torch.full((h.shape[0],), float("-inf"), device=h.device)
+    best_id = torch.zeros(h.shape[0], dtype=torch.int64, device=h.device)
+    for v0 in range(0, V_out, chunk):
+        logits = hf @ weight[v0: min(v0 + chunk, V_out)].float().T          # [T, chunk]
+        idx = logits.argmax(dim=-1)                                         # first maximum in the chunk
+        m = logits.gather(1, idx[:, None])[:, 0]
+        take = m > best                                                     # earlier chunks win ties
+        best_id = torch.where(take, idx + v0, best_id)
+        best = torch.where(take, m, best)
+    return best_id, best / mup
+
+
+def _check_device(t: torch.Tensor, name: str) -> None:
+    if t.device.type != "cuda" and not INTERPRET:
+        raise ValueError(f"{name} is on {t.device}: the Triton kernels need CUDA tensors "
+                         "(CPU tensors only under TRITON_INTERPRET=1)")
+
+
+def _out(t: torch.Tensor | None, name: str, T: int, dtype: torch.dtype, device) -> torch.Tensor:
+    if t is None:
+        return torch.empty(T, dtype=dtype, device=device)
+    if not isinstance(t, torch.Tensor) or t.shape != (T,) or t.dtype != dtype or t.device != device \
+            or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous {dtype} tensor of shape ({T},) on {device}")
+    return t
+
+
+def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = None,
+                   mup: float = 1.0, ids_out: torch.Tensor | None = None,
+                   vals_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """h: contiguous [T, H]; weight: contiguous [V, H], same dtype (float32/float16/bfloat16) and
+    device; vocab_out: the unpadded vocabulary V_out <= V (default V); mup > 0.
+    Returns (ids int64 [T], vals float32 [T]): argmax and max of (h @ weight[:V_out]^T) / mup per row,
+    ties to the lowest id; written into ids_out / vals_out when given (e.g. a CUDA graph's static
+    buffers). Launches two kernels; no host synchronization."""
+    if not isinstance(h, torch.Tensor) or h.dim() != 2 or h.dtype not in FLOAT_DTYPES:
+        raise ValueError("h must be a float32/float16/bfloat16 tensor [T, H]")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError("weight must be a 2-D tensor [V, H] (the unembedding)")
+    if weight.dtype != h.dtype:
+        raise ValueError(f"weight has dtype {weight.dtype}, h has {h.dtype}: they must match")
+    if weight.device != h.device:
+        raise ValueError(f"weight is on {weight.device}, h on {h.device}: they must be on one device")
+    _check_device(h, "h")
+    T, H = h.shape
+    V = weight.shape[0]
+    if weight.shape[1] != H:
+        raise ValueError(f"weight has {weight.shape[1]} columns, h has H={H}: they must match")
+    if not h.is_contiguous() or not weight.is_contiguous():
+        raise ValueError(f"h and weight must be contiguous (h strides {h.stride()}, weight strides {weight.stride()})")
+    V_out = V if vocab_out is None else vocab_out
+    if not isinstance(V_out, int) or not 1 <= V_out <= V:
+        raise ValueError(f"vocab_out must be an int in 1..{V} (the rows of weight), got {vocab_out!r}")
+    if not isinstance(mup, (int, float)) or not math.isfinite(mup) or mup <= 0:
+        raise ValueError(f"mup must be a finite number > 0, got {mup!r}")
+    if H == 0:
+        raise ValueError("h has H=0 columns: nothing to score")
+    ids = _out(ids_out, "ids_out", T, torch.int64, h.device)
+    vals = _out(vals_out, "vals_out", T, torch.float32, h.device)
+    if T == 0:
+        return ids, vals
+    n_groups = triton.cdiv(V_out, GROUP)
+    pmax = torch.empty(T, n_groups, dtype=torch.float32, device=h.device)
+    pidx = torch.empty(T, n_groups, dtype=torch.int32, device=h.device)
+    BLOCK_T = min(MAX_BLOCK_T, max(16, triton.next_power_of_2(T)))
+    grid = lambda meta: (triton.cdiv(V_out, meta["BLOCK_V"]), triton.cdiv(T, BLOCK_T))  # noqa: E731
+    meta = _INTERPRET_META if INTERPRET else {}
+    _partial[grid](h, weight, pmax, pidx, T, H, V_out, n_groups, BLOCK_T=BLOCK_T,
+                   FP32_DOT=h.dtype == torch.float32 or INTERPRET, **meta)
+    _lm_head_reduce_kernel[(T,)](pmax, pidx, ids, vals, n_groups, float(mup), BLOCK=REDUCE_BLOCK, num_warps=4)
+    return ids, vals

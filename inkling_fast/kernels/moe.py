@@ -1,0 +1,353 @@
+"""The MoE layer at small token counts (decode, verify and draft windows: N = 1..256 tokens).
+
+    out[t] = sum_{j < k} w[t, j] * Expert_{chosen[t, j]}(x[t]) + sum_{s < S} w[t, k + s] * Shared_s(x[t])
+    Expert_e(x) = (silu(g) * u) @ W2_e^T,  [g; u] = x @ W13_e^T with INTERLEAVED rows (g0, u0, g1, u1, ...)
+
+At these sizes the layer is bound by the bytes of the experts it touches: every touched expert's
+W13 [2F, H] and W2 [H, F] must be read once, and nothing else is large. So the kernels work per
+*distinct expert* and read each one's weights once for all of its tokens. With no host sync, the set
+of touched experts is data dependent; it is built on the device:
+
+  0. routing (moe_router.py): chosen [N, k] and weights [N, k + S].
+  1. align (one program): the pairs p = t * (k + S) + j (token t, slot j; slots k.. are the shared
+     experts, ids R..R+S-1, "chosen" by every token) are grouped by expert: per-expert counts, a
+     compact list of touched experts ("slots", in id order, with their first row and count), and
+     each pair's row in the expert-sorted order.
+  2. up: program (slot, F-tile) streams the gate and up rows of its expert's W13 tile once and
+     multiplies them with the x rows of the expert's tokens (BLOCK_M = 16 at a time; an expert with
+     more tokens loops, re-reading its tile from L2): act[row] = silu(g) * u (float32 math, stored in
+     x's dtype) for the rows of the sorted order. The grid covers the largest possible number of
+     touched experts, min(R, N * k) + S; programs past the actual count exit at once.
+  3. down: program (slot, H-tile) streams W2's rows once: pair_out[p] = w[p] * act[row] @ W2_e^T
+     (float32), each pair written to its own row (no atomics: deterministic).
+  4. combine: out[t] = sum over its k + S pair rows (float32), stored in x's dtype.
+
+Shared experts are treated exactly as routed ones (always-selected experts with their own weight
+tensors). Correct for any routing: collisions (many tokens on one expert) only lengthen one
+program's loop. Routed ids must lie in 0..R-1 (`moe_route` guarantees it; ids passed to
+`moe_experts` are clamped into range for memory safety, not validated: that would need a host sync).
+
+On a GPU the up and down kernels are autotuned on the first call for each (H, F, token bucket):
+warm up once before capturing a CUDA graph or timing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_ref.moe import MoE as RefMoE
+
+from .moe_router import INTERPRET, check_float, check_x, moe_route, moe_route_torch
+
+MAX_TOKENS = 256      # the align step is one program comparing all pairs: meant for small N
+BLOCK_M = 16          # token rows per dot (the smallest tl.dot tile)
+
+
+@triton.jit
+def _dot(a, b, acc, FP32_DOT: tl.constexpr):
+    """acc + a @ b in float32 (see lm_head_argmax._dot: float32 operands exactly, bf16 on the tensor
+    cores; upcast under the interpreter, whose bf16 dot is wrong)."""
+    if FP32_DOT:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _round_to(x, dtype: tl.constexpr, FIX_BF16: tl.constexpr):
+    """x (float32).to(dtype), rounding to nearest even. FIX_BF16 (TRITON_INTERPRET=1 only): the Triton
+    3.9 interpreter truncates float32 -> bfloat16, so round the bits first (truncation is then exact)."""
+    if FIX_BF16 and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E):
+    """Expert id of pair p = t * KS + j: chosen[t, j] (clamped into 0..R-1) for j < k, the shared
+    expert R + j - k after; E (no expert) for p >= P."""
+    t = p // KS
+    j = p % KS
+    ok = p < P
+    routed = j < TOP_K
+    c = tl.load(chosen_ptr + t * TOP_K + j, mask=ok & routed, other=0).to(tl.int32)
+    c = tl.minimum(tl.maximum(c, 0), R - 1)
+    return tl.where(ok, tl.where(routed, c, R + j - TOP_K), E)
+
+
+@triton.jit
+def _moe_align_kernel(chosen_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, slot_count_ptr, num_slots_ptr,
+                      P, R, TOP_K, KS, E, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
+    ar_p = tl.arange(0, BLOCK_P)
+    ar_e = tl.arange(0, BLOCK_E)
+    # touched experts, in id order: slot -> (expert, first row in the sorted order, token count)
+    n_slots = tl.zeros([], tl.int32)
+    n_rows = tl.zeros([], tl.int32)
+    for e0 in range(0, E, BLOCK_E):
+        e = e0 + ar_e
+        cnt = tl.zeros([BLOCK_E], tl.int32)
+        for p0 in range(0, P, BLOCK_P):
+            ep = _pair_expert(chosen_ptr, p0 + ar_p, P, R, TOP_K, KS, E)
+            cnt += tl.sum((ep[None, :] == e[:, None]).to(tl.int32), axis=1)
+        cnt = tl.where(e < E, cnt, 0)
+        touched = cnt > 0
+        ti = touched.to(tl.int32)
+        slot = n_slots + tl.cumsum(ti, axis=0) - ti
+        tl.store(slot_expert_ptr + slot, e, mask=touched)
+        tl.store(slot_start_ptr + slot, n_rows + tl.cumsum(cnt, axis=0) - cnt, mask=touched)
+        tl.store(slot_count_ptr + slot, cnt, mask=touched)
+        n_slots += tl.sum(ti, axis=0)
+        n_rows += tl.sum(cnt, axis=0)
+    tl.store(num_slots_ptr, n_slots)
+    # each pair's row: pairs of lower experts, then the same expert's pairs of lower index
+    for p0 in range(0, P, BLOCK_P):
+        p = p0 + ar_p
+        ep = _pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E)
+        row = tl.zeros([BLOCK_P], tl.int32)
+        for q0 in range(0, P, BLOCK_P):
+            q = q0 + ar_p
+            eq = _pair_expert(chosen_ptr, q, P, R, TOP_K, KS, E)
+            before = (eq[None, :] < ep[:, None]) | ((eq[None, :] == ep[:, None]) & (q[None, :] < p[:, None]))
+            row += tl.sum(before.to(tl.int32), axis=1)
+        tl.store(sorted_ptr + row, p, mask=p < P)
+
+
+@triton.heuristics({"EVEN_K": lambda a: a["H"] % a["BLOCK_K"] == 0})
+@triton.jit
+def _moe_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, slot_count_ptr,
+                   num_slots_ptr, act_ptr, H, F, R, KS, n_bucket,
+                   BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
+                   FP32_DOT: tl.constexpr, FIX_BF16: tl.constexpr, EVEN_K: tl.constexpr):
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_slots_ptr):
+        return
+    e = tl.load(slot_expert_ptr + slot)
+    start = tl.load(slot_start_ptr + slot)
+    cnt = tl.load(slot_count_ptr + slot)
+    if e < R:
+        w_base = w13_ptr + e.to(tl.int64) * (2 * F * H)
+    else:
+        w_base = sw13_ptr + (e - R).to(tl.int64) * (2 * F * H)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    f_ok = f < F
+    kk = tl.arange(0, BLOCK_K)
+    mm = tl.arange(0, BLOCK_M)
+    g_ptrs = w_base + (2 * f)[:, None].to(tl.int64) * H + kk[None, :]      # gate rows 2f   [BLOCK_F, BLOCK_K]
+    u_ptrs = g_ptrs + H                                                   # up rows 2f + 1
+    for m0 in range(0, cnt, BLOCK_M):
+        r_ok = (m0 + mm) < cnt
+        rows = start + m0 + mm
+        tok = tl.load(sorted_ptr + rows, mask=r_ok, other=0) // KS
+        x_ptrs = x_ptr + tok[None, :].to(tl.int64) * H + kk[:, None]       # x^T of the tokens [BLOCK_K, BLOCK_M]
+        acc_g = tl.zeros([BLOCK_F, BLOCK_M], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_F, BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            if EVEN_K:
+                wg = tl.load(g_ptrs + k0, mask=f_ok[:, None], other=0.0)
+                wu = tl.load(u_ptrs + k0, mask=f_ok[:, None], other=0.0)
+                xt = tl.load(x_ptrs + k0, mask=r_ok[None, :], other=0.0)
+            else:
+                k_ok = (k0 + kk) < H
+                wg = tl.load(g_ptrs + k0, mask=f_ok[:, None] & k_ok[None, :], other=0.0)
+                wu = tl.load(u_ptrs + k0, mask=f_ok[:, None] & k_ok[None, :], other=0.0)
+                xt = tl.load(x_ptrs + k0, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
+            acc_g = _dot(wg, xt, acc_g, FP32_DOT)
+            acc_u = _dot(wu, xt, acc_u, FP32_DOT)
+        act = acc_g * tl.sigmoid(acc_g) * acc_u                               # silu(g) * u
+        tl.store(act_ptr + rows[None, :].to(tl.int64) * F + f[:, None],
+                 _round_to(act, act_ptr.dtype.element_ty, FIX_BF16), mask=f_ok[:, None] & r_ok[None, :])
+
+
+@triton.heuristics({"EVEN_K": lambda a: a["F"] % a["BLOCK_K"] == 0})
+@triton.jit
+def _moe_down_kernel(act_ptr, w2_ptr, sw2_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, slot_count_ptr,
+                     num_slots_ptr, weights_ptr, pair_out_ptr, H, F, R, n_bucket,
+                     BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+                     FP32_DOT: tl.constexpr, EVEN_K: tl.constexpr):
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_slots_ptr):
+        return
+    e = tl.load(slot_expert_ptr + slot)
+    start = tl.load(slot_start_ptr + slot)
+    cnt = tl.load(slot_count_ptr + slot)
+    if e < R:
+        w_base = w2_ptr + e.to(tl.int64) * (H * F)
+    else:
+        w_base = sw2_ptr + (e - R).to(tl.int64) * (H * F)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = h < H
+    kk = tl.arange(0, BLOCK_K)
+    mm = tl.arange(0, BLOCK_M)
+    w_ptrs = w_base + h[:, None].to(tl.int64) * F + kk[None, :]              # [BLOCK_H, BLOCK_K]
+    for m0 in range(0, cnt, BLOCK_M):
+        r_ok = (m0 + mm) < cnt
+        rows = start + m0 + mm
+        pair = tl.load(sorted_ptr + rows, mask=r_ok, other=0)
+        a_ptrs = act_ptr + rows[None, :].to(tl.int64) * F + kk[:, None]      # act^T [BLOCK_K, BLOCK_M]
+        acc = tl.zeros([BLOCK_H, BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, F, BLOCK_K):
+            if EVEN_K:
+                w = tl.load(w_ptrs + k0, mask=h_ok[:, None], other=0.0)
+                at = tl.load(a_ptrs + k0, mask=r_ok[None, :], other=0.0)
+            else:
+                k_ok = (k0 + kk) < F
+                w = tl.load(w_ptrs + k0, mask=h_ok[:, None] & k_ok[None, :], other=0.0)
+                at = tl.load(a_ptrs + k0, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
+            acc = _dot(w, at, acc, FP32_DOT)
+        wt = tl.load(weights_ptr + pair, mask=r_ok, other=0.0)                # the pair's routing weight
+        tl.store(pair_out_ptr + pair[None, :].to(tl.int64) * H + h[:, None], acc * wt[None, :],
+                 mask=h_ok[:, None] & r_ok[None, :])
+
+
+@triton.jit
+def _moe_combine_kernel(pair_out_ptr, y_ptr, H, KS, BLOCK_J: tl.constexpr, BLOCK_H: tl.constexpr,
+                        FIX_BF16: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    j = tl.arange(0, BLOCK_J)
+    h_ok = h < H
+    v = tl.load(pair_out_ptr + (t * KS + j)[:, None] * H + h[None, :], mask=(j < KS)[:, None] & h_ok[None, :],
+                other=0.0)
+    tl.store(y_ptr + t * H + h, _round_to(tl.sum(v, axis=0), y_ptr.dtype.element_ty, FIX_BF16), mask=h_ok)
+
+
+_UP_CONFIGS = [
+    triton.Config({"BLOCK_F": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_F": 64, "BLOCK_K": 64}, num_warps=4, num_stages=5),
+    triton.Config({"BLOCK_F": 32, "BLOCK_K": 128}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_F": 32, "BLOCK_K": 256}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_F": 128, "BLOCK_K": 64}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_F": 64, "BLOCK_K": 128}, num_warps=8, num_stages=3),
+]
+_DOWN_CONFIGS = [
+    triton.Config({"BLOCK_H": 128, "BLOCK_K": 128}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_H": 128, "BLOCK_K": 64}, num_warps=4, num_stages=5),
+    triton.Config({"BLOCK_H": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_H": 64, "BLOCK_K": 256}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_H": 256, "BLOCK_K": 64}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_H": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
+]
+_KEY = ["H", "F", "n_bucket", "FP32_DOT"]  # (FIX_BF16 is off on a GPU)
+_up = _moe_up_kernel if INTERPRET else triton.autotune(configs=_UP_CONFIGS, key=_KEY)(_moe_up_kernel)
+_down = _moe_down_kernel if INTERPRET else triton.autotune(configs=_DOWN_CONFIGS, key=_KEY)(_moe_down_kernel)
+_UP_INTERPRET = dict(BLOCK_F=16, BLOCK_K=32, num_warps=4)
+_DOWN_INTERPRET = dict(BLOCK_H=16, BLOCK_K=16, num_warps=4)
+
+
+# ----------------------------------------------------------------------------- twins
+def moe_experts_torch(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                      w2: torch.Tensor, shared_w13: torch.Tensor | None, shared_w2: torch.Tensor | None
+                      ) -> torch.Tensor:
+    """The twin, a straightforward grouped implementation: one pass per touched expert over its tokens
+    (the reference's expert, in x's dtype), weighted sum in float32 (float64 for float64 x).
+    x [N, H] -> [N, H] in x's dtype."""
+    N, H = x.shape
+    K = chosen.shape[1]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = torch.zeros(N, H, dtype=acc, device=x.device)
+    for e in torch.unique(chosen).tolist():                 # host sync: fine for the twin
+        tok, slot = torch.where(chosen == e)
+        y = RefMoE.expert(x[tok], w13[e], w2[e])
+        out.index_add_(0, tok, y.to(acc) * weights[tok, slot, None].to(acc))
+    S = 0 if shared_w13 is None else shared_w13.shape[0]
+    for s in range(S):
+        out += RefMoE.expert(x, shared_w13[s], shared_w2[s]).to(acc) * weights[:, K + s, None].to(acc)
+    return out.to(x.dtype)
+
+
+def moe_torch(x, router_weight, router_bias, gate_global_scale, route_scale, top_k, w13, w2,
+              shared_w13=None, shared_w2=None) -> torch.Tensor:
+    """The twin of `moe`: moe_route_torch, then moe_experts_torch."""
+    chosen, weights = moe_route_torch(x, router_weight, router_bias, gate_global_scale, route_scale, top_k)
+    return moe_experts_torch(x, chosen, weights, w13, w2, shared_w13, shared_w2)
+
+
+# ----------------------------------------------------------------------------- wrappers
+def moe_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                w2: torch.Tensor, shared_w13: torch.Tensor | None = None, shared_w2: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: contiguous [N, H], N <= 256; chosen: int [N, k] routed ids in 0..R-1; weights: float32
+    [N, k + S] (chosen first, then shared); w13: [R, 2F, H] (interleaved rows); w2: [R, H, F];
+    shared_w13: [S, 2F, H], shared_w2: [S, H, F] (or None for S = 0); expert tensors in x's dtype.
+    Returns [N, H] in x's dtype (into `out` when given). Four launches (align, up, down, combine), no host sync."""
+    check_x(x)
+    N, H = x.shape
+    if N > MAX_TOKENS:
+        raise ValueError(f"x has N={N} tokens: this small-batch MoE handles at most {MAX_TOKENS} "
+                         "(its grouping step compares all token-expert pairs in one program)")
+    if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[1] % 2 != 0:
+        raise ValueError("w13 must be a tensor [R, 2F, H] (gate and up rows interleaved)")
+    R, F = w13.shape[0], w13.shape[1] // 2
+    check_float(w13, "w13", (R, 2 * F, H), x.device, (x.dtype,))
+    check_float(w2, "w2", (R, H, F), x.device, (x.dtype,))
+    if (shared_w13 is None) != (shared_w2 is None):
+        raise ValueError("shared_w13 and shared_w2 must be given together (or both None for no shared experts)")
+    S = 0
+    if shared_w13 is not None:
+        if not isinstance(shared_w13, torch.Tensor) or shared_w13.dim() != 3:
+            raise ValueError(f"shared_w13 must be a tensor [S, {2 * F}, {H}]")
+        S = shared_w13.shape[0]
+        check_float(shared_w13, "shared_w13", (S, 2 * F, H), x.device, (x.dtype,))
+        check_float(shared_w2, "shared_w2", (S, H, F), x.device, (x.dtype,))
+    if not isinstance(chosen, torch.Tensor) or chosen.dim() != 2 or chosen.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"chosen must be an int32/int64 tensor [N, k] (N = {N})")
+    K = chosen.shape[1]
+    if chosen.shape[0] != N or not 1 <= K <= R or chosen.device != x.device or not chosen.is_contiguous():
+        raise ValueError(f"chosen must be a contiguous tensor [{N}, k] with 1 <= k <= R = {R} on {x.device}, "
+                         f"got {tuple(chosen.shape)} on {chosen.device}")
+    check_float(weights, "weights", (N, K + S), x.device, (torch.float32,))
+    if out is None:
+        out = torch.empty(N, H, dtype=x.dtype, device=x.device)
+    check_float(out, "out", (N, H), x.device, (x.dtype,))
+    if N == 0:
+        return out
+    KS, E = K + S, R + S
+    P = N * KS
+    max_slots = min(R, N * K) + S
+    dev = x.device
+    sorted_pairs = torch.empty(P, dtype=torch.int32, device=dev)
+    slot_info = torch.empty(3, max_slots, dtype=torch.int32, device=dev)     # expert, first row, count
+    num_slots = torch.empty(1, dtype=torch.int32, device=dev)
+    act = torch.empty(P, F, dtype=x.dtype, device=dev)
+    pair_out = torch.empty(P, H, dtype=torch.float32, device=dev)
+    _moe_align_kernel[(1,)](chosen, sorted_pairs, slot_info[0], slot_info[1], slot_info[2], num_slots,
+                            P, R, K, KS, E, BLOCK_P=min(128, max(16, triton.next_power_of_2(P))),
+                            BLOCK_E=128, num_warps=8)
+    fp32_dot = x.dtype == torch.float32 or INTERPRET
+    n_bucket = triton.next_power_of_2(N)
+    common = (sorted_pairs, slot_info[0], slot_info[1], slot_info[2], num_slots)
+    _up[lambda m: (max_slots, triton.cdiv(F, m["BLOCK_F"]))](
+        x, w13, shared_w13 if S else w13, *common, act, H, F, R, KS, n_bucket,
+        BLOCK_M=BLOCK_M, FP32_DOT=fp32_dot, FIX_BF16=INTERPRET, **(_UP_INTERPRET if INTERPRET else {}))
+    _down[lambda m: (max_slots, triton.cdiv(H, m["BLOCK_H"]))](
+        act, w2, shared_w2 if S else w2, *common, weights, pair_out, H, F, R, n_bucket,
+        BLOCK_M=BLOCK_M, FP32_DOT=fp32_dot, **(_DOWN_INTERPRET if INTERPRET else {}))
+    BLOCK_H = 256
+    _moe_combine_kernel[(N, triton.cdiv(H, BLOCK_H))](pair_out, out, H, KS, BLOCK_J=triton.next_power_of_2(KS),
+                                                       BLOCK_H=BLOCK_H, FIX_BF16=INTERPRET, num_warps=4)
+    return out
+
+
+def moe(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor, gate_global_scale: torch.Tensor,
+        route_scale: float, top_k: int, w13: torch.Tensor, w2: torch.Tensor, shared_w13: torch.Tensor | None = None,
+        shared_w2: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The whole MoE layer (inkling_ref.moe.MoE.forward) for x [N, H], N <= 256: `moe_route`, then
+    `moe_experts`. router_weight [R + S, H], router_bias [R], gate_global_scale [1] (on the device),
+    route_scale (float), top_k, expert weights as in `moe_experts`. Six launches, no host sync."""
+    if not isinstance(route_scale, (int, float)) or not math.isfinite(route_scale):
+        raise ValueError(f"route_scale must be a finite number, got {route_scale!r}")
+    S = 0 if shared_w13 is None else shared_w13.shape[0]
+    if isinstance(router_weight, torch.Tensor) and isinstance(router_bias, torch.Tensor) \
+            and router_weight.dim() == 2 and router_bias.dim() == 1 \
+            and router_weight.shape[0] != router_bias.shape[0] + S:
+        raise ValueError(f"router_weight has {router_weight.shape[0]} rows; router_bias has R = "
+                         f"{router_bias.shape[0]} and shared_w13 S = {S}: they must add up (R + S rows)")
+    chosen, weights = moe_route(x, router_weight, router_bias, gate_global_scale, route_scale, top_k)
+    return moe_experts(x, chosen, weights, w13, w2, shared_w13, shared_w2, out=out)

@@ -1,0 +1,62 @@
+"""Shared utilities of the LM-head argmax, accept/sampling and MoE kernel tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Tolerances of docs/fast_path.md: relative L2 error of a kernel against its twin.
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@pytest.fixture
+def device() -> str:
+    """'cuda' when a GPU is present (the real kernels), else 'cpu' (TRITON_INTERPRET=1, see conftest)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64; NaN or inf anywhere in a or b gives inf (never passes a bound)."""
+    a, b = a.double(), b.double()
+    if a.shape != b.shape:
+        raise AssertionError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return float("inf")
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill t in place with a value no kernel writes: NaN for floats, -7 for integers."""
+    return t.fill_(float("nan") if t.is_floating_point() else -7)
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """Standard normal draws, made where the generator lives (a CPU generator: reproducible on any
+    device; a CUDA one for tensors of gigabytes), moved to `device`."""
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32, device=gen.device)
+    return (x * scale).to(device=device, dtype=dtype)
+
+
+def randint(low: int, high: int, *shape, dtype=torch.float32, device="cpu", gen: torch.Generator) -> torch.Tensor:
+    """Integers in [low, high) as `dtype` (exact in bf16 for small ranges): sums of their products are
+    exact in float32, so equal dot products are true ties whatever the summation order."""
+    return torch.randint(low, high, shape, generator=gen, device=gen.device).to(device=device, dtype=dtype)
+
+
+def run_without_sync_then_capture(step) -> "torch.cuda.CUDAGraph":
+    """GPU only. Run `step()` (compiled and autotuned already) once under
+    torch.cuda.set_sync_debug_mode("error"), where any host synchronization inside raises, then capture
+    it in a CUDA graph (capturing fails on a synchronization too) and return the graph to replay."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
