@@ -29,6 +29,11 @@ def main(argv: list[str]) -> None:
     ctx = harness.Context(copy_gbps=harness.measure_copy_bandwidth(),
                           device_name=torch.cuda.get_device_name())
     print(f"copy bandwidth {ctx.copy_gbps:.0f} GB/s on {ctx.device_name}", flush=True)
+    if wanted:  # run in the order given
+        mods.sort(key=lambda m: argv.index(m.stem.removeprefix("bench_")))
+    out = HERE.parent / "docs" / "benchmarks" / "kernels.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/kernels.py " + " ".join(argv)
     parts = []
     for path in mods:
         spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -38,11 +43,9 @@ def main(argv: list[str]) -> None:
         table = harness.markdown_table(ctx, mod.SECTION, rows)
         print(table, flush=True)
         parts.append(table)
-    out = HERE.parent / "docs" / "benchmarks" / "kernels.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/kernels.py " + " ".join(argv)
-    out.write_text("# Kernel benchmarks (H200)\n\n" + harness.header(ctx, command.strip()) + "\n" + "\n".join(parts))
-    print(f"wrote {out}")
+        # written after every section, so a run cut short keeps what it measured
+        out.write_text("# Kernel benchmarks (H200)\n\n" + harness.header(ctx, command.strip()) + "\n" + "\n".join(parts))
+        print(f"wrote {out} ({len(parts)} of {len(mods)} sections)", flush=True)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 GROUP = 64            # ids per partial (max, argmax) entry
 MAX_BLOCK_T = 64      # token rows per program; more rows are split over a second grid axis
 REDUCE_BLOCK = 1024   # partials per step of the reduction
-INT32_MAX = 2**31 - 1
+INT32_MAX = tl.constexpr(2**31 - 1)  # a constexpr: Triton 3.6 refuses plain globals in kernels
 
 
 @triton.jit

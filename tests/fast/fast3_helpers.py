@@ -20,7 +20,7 @@ def device() -> str:
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b|| in float64; NaN or inf anywhere in a or b gives inf (never passes a bound)."""
-    a, b = a.double(), b.double()
+    a, b = a.double().cpu(), b.double().cpu()
     if a.shape != b.shape:
         raise AssertionError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
