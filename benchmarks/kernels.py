@@ -38,6 +38,7 @@ def main(argv: list[str]) -> None:
     for path in mods:
         spec = importlib.util.spec_from_file_location(path.stem, path)
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = mod  # dataclasses in the module look themselves up there
         spec.loader.exec_module(mod)
         rows = mod.run(ctx)
         table = harness.markdown_table(ctx, mod.SECTION, rows)
