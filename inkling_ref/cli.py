@@ -2,6 +2,7 @@
 
     inkling-mtp generate [--checkpoint DIR] (--prompt TEXT | --prompt-ids "3 17 5") [--k N]
                          [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
+                         [--engine ref|fast]
     inkling-mtp convert SRC DST [--max-shard-size 5GB] [--overwrite]
 
 Each subcommand is one `add_<name>(subparsers)` function that registers its arguments and sets
@@ -68,6 +69,18 @@ def parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be integers separated by spaces, got {text!r}") from None
 
 
+def resolve_engine(name: str | None) -> str:
+    """--engine: 'ref' (the reference, CPU) or 'fast' (inkling_fast.Engine, CUDA); default: fast when a
+    CUDA GPU is present, else ref."""
+    import torch
+
+    if name is None:
+        return "fast" if torch.cuda.is_available() else "ref"
+    if name == "fast" and not torch.cuda.is_available():
+        raise ValueError("--engine fast needs a CUDA GPU and none is available; use --engine ref")
+    return name
+
+
 def run_generate(args) -> int:
     import torch
 
@@ -94,9 +107,17 @@ def run_generate(args) -> int:
         raise ValueError("the prompt is empty")
     k = args.k
     model = load_checkpoint(path, dtype=getattr(torch, args.dtype), num_mtp_depths=k)
-    result = generate(model, prompt, max_new_tokens=args.max_new_tokens, num_speculative_tokens=k,
-                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                      eos_token_id=model.config.eos_token_id)
+    options = dict(max_new_tokens=args.max_new_tokens, num_speculative_tokens=k, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_id=model.config.eos_token_id)
+    if resolve_engine(args.engine) == "fast":
+        from inkling_fast import Engine  # imported only here: inkling_ref never depends on inkling_fast
+
+        max_seq_len = max(2, min(len(prompt) + args.max_new_tokens, model.config.max_position_embeddings))
+        engine = Engine(model, max_batch_size=1, max_seq_len=max_seq_len, num_speculative_tokens=k,
+                        dtype=getattr(torch, args.dtype))
+        result = engine.generate(prompt, **options)
+    else:
+        result = generate(model, prompt, **options)
     new = result.token_ids[0]
     if tokenizer is not None:
         print(tokenizer.decode(prompt + new, skip_special_tokens=False))
@@ -115,8 +136,8 @@ def run_generate(args) -> int:
 def add_generate(subparsers) -> None:
     p = subparsers.add_parser(
         "generate", help="generate a continuation with MTP speculative decoding",
-        description="Generate with the reference model (CPU), k drafts per cycle from the MTP head, and "
-                    "print the continuation and its acceptance statistics.")
+        description="Generate with k drafts per cycle from the MTP head, on the fast engine (CUDA) or the "
+                    "reference model (CPU), and print the continuation and its acceptance statistics.")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
                    help=f"released-layout checkpoint (default: the bundled one, {DEFAULT_CHECKPOINT.name}/)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -128,7 +149,11 @@ def add_generate(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=None, metavar="K")
     p.add_argument("--top-p", type=float, default=None, metavar="P")
     p.add_argument("--seed", type=int, default=None, metavar="S")
-    p.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32",
+                   help="weights and activations (the fast engine runs float32 or bfloat16)")
+    p.add_argument("--engine", choices=["ref", "fast"], default=None,
+                   help="ref: the reference (CPU); fast: inkling_fast.Engine, Triton kernels in CUDA graphs "
+                        "(needs a GPU). Default: fast when a CUDA GPU is present, else ref")
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="CPU threads for torch (default 1: the reference's many small ops run fastest on one)")
     p.set_defaults(func=run_generate)

@@ -62,3 +62,42 @@ def test_bad_ids_are_a_usage_error(ckpt):
     with pytest.raises(SystemExit) as e:
         main(["generate", "--checkpoint", str(ckpt), "--prompt-ids", "1 x"])
     assert e.value.code == 2
+
+
+# ----------------------------------------------------------------------------- --engine ref|fast
+def test_engine_default_follows_cuda(monkeypatch):
+    from inkling_ref.cli import resolve_engine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_engine(None) == "ref" and resolve_engine("ref") == "ref"
+    with pytest.raises(ValueError, match="--engine fast needs a CUDA GPU"):
+        resolve_engine("fast")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_engine(None) == "fast" and resolve_engine("ref") == "ref" and resolve_engine("fast") == "fast"
+
+
+def test_engine_fast_without_a_gpu_is_a_clear_error(ckpt, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["generate", "--checkpoint", str(ckpt), "--prompt-ids", "1 2", "--engine", "fast"]) == 1
+    assert "--engine fast needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_engine_ref_does_not_import_inkling_fast(ckpt):
+    """inkling_ref never depends on inkling_fast: the reference path runs without importing it."""
+    code = ("import sys; from inkling_ref.cli import main; "
+            f"rc = main(['generate', '--checkpoint', {str(ckpt)!r}, '--prompt-ids', '1 2', '--k', '2', "
+            "'--max-new-tokens', '4', '--engine', 'ref']); "
+            "assert rc == 0; assert not any(m.startswith('inkling_fast') for m in sys.modules), 'imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.split()) == 4
+
+
+@pytest.mark.gpu
+def test_engine_fast_prints_the_reference_continuation(ckpt, capsys):
+    assert main(["generate", "--checkpoint", str(ckpt), "--prompt-ids", "3 17 5", "--k", "3",
+                 "--max-new-tokens", "12", "--engine", "fast"]) == 0
+    out, err = capsys.readouterr()
+    from inkling_ref import generate, load_checkpoint
+    want = generate(load_checkpoint(ckpt), [3, 17, 5], max_new_tokens=12, num_speculative_tokens=3).token_ids[0]
+    assert [int(t) for t in out.split()] == want
+    assert "acceptance length" in err

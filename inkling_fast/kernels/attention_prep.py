@@ -100,7 +100,7 @@ def _conv_channel_block(x_ptr, stride_b, stride_t, ring_ptr, w_ptr, pos_ptr, b, 
         pp = p - back                                   # position this tap reads
         tb = t - back                                   # the call's row that may hold it
         held = tl.load(pos_ptr + b * T + tb, mask=tb >= 0, other=-1)
-        in_call = (tb >= 0) & (held == pp)
+        in_call = (tb >= 0) & (pp >= 0) & (held == pp)  # pp >= 0: a padding row holds -1, never position -1
         from_ring = (pp >= 0) & (held != pp)
         x_call = tl.load(x_ptr + b * stride_b + tb * stride_t + c, mask=_both(cmask, in_call), other=0.0)
         ring_row = tl.maximum(pp, 0) % R
@@ -407,7 +407,7 @@ def _conv_torch(x, ring, w, slot, pos):
     tap_pos = pos[:, :, None] - back                                    # [B, T, K]
     src_t = torch.arange(T, device=pos.device)[None, :, None] - back    # [1, T, K] call row
     src_tc = src_t.clamp(0, T - 1).expand(B, T, K)
-    in_call = (src_t >= 0) & (pos.gather(1, src_tc.reshape(B, -1)).view(B, T, K) == tap_pos)
+    in_call = (src_t >= 0) & (tap_pos >= 0) & (pos.gather(1, src_tc.reshape(B, -1)).view(B, T, K) == tap_pos)
     b_idx = torch.arange(B, device=pos.device)[:, None, None]
     from_call = x[b_idx, src_tc]                                        # [B, T, K, C]
     from_ring = ring[slot.long()[:, None, None], tap_pos.clamp(min=0) % R]

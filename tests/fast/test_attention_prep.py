@@ -201,3 +201,19 @@ def test_real_sizes_gpu(name, T):
     for name_, ref in (("k_cache", case.k_new), ("v_cache", case.v_new)):
         check_cache(case, name_, kern_state, twin_state, 1e-2)
         assert rel_l2(kern_state[name_][case.slot.long()[b_i], case.pos[b_i, t_i].long() % cap], ref[v]) <= 1e-2
+
+
+@pytest.mark.parametrize("spec", [SLIDING, ODD], ids=["sliding", "odd-K3"])
+def test_padding_right_before_position_zero(spec):
+    """A fresh sequence with left padding (an engine's draft window over a short prompt: pos -1, -1, 0,
+    1): the conv taps of positions 0.. read zero for the positions before 0, never the padding rows'
+    (NaN) inputs, which also hold -1. Kernel and twin against the reference's keys and values."""
+    case = build_case(spec, [0, 0, 5], [2, 1, 3], 4, seed=17, left_pad=True)
+    twin, twin_state, kern, kern_state = run_both(case)
+    v = case.valid
+    b_i, t_i = v.nonzero(as_tuple=True)
+    s_i, p_i = case.slot.long()[b_i], case.pos[b_i, t_i].long()
+    cap = case.k_cache.shape[1]
+    for state in (kern_state, twin_state):
+        assert rel_l2(state["k_cache"][s_i, p_i % cap], case.k_new[v]) <= 1e-5
+        assert rel_l2(state["v_cache"][s_i, p_i % cap], case.v_new[v]) <= 1e-5

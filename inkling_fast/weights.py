@@ -1,0 +1,159 @@
+"""Kernel-ready weights of an `inkling_ref.InklingModel`: one dataclass per block, tensors on the
+engine's device in the engine's dtype, contiguous, in the layouts the kernels take.
+
+What changes from the reference's modules (nothing else does):
+
+* q, k, v and r projections are concatenated into one [nH*hd + 2*nKV*hd + nH*d_rel, H] matrix, so a
+  block runs one GEMM for all four (their outputs are column slices of one [B, T, width] tensor).
+* short-conv weights [C, 1, K] become [C, K].
+* the MoE router bias stays float32 (it only selects experts; a bf16 copy would change which).
+
+The model itself is never modified: tensors are copied when the dtype or device differs, shared
+otherwise. Only the first `num_depths` MTP depths are taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inkling_ref import InklingModel
+from inkling_ref.attention import Attention
+from inkling_ref.block import InklingBlock
+from inkling_ref.config import InklingConfig
+from inkling_ref.mlp import DenseMLP
+from inkling_ref.moe import MoE
+
+
+@dataclass
+class AttentionWeights:
+    qkvr: torch.Tensor            # [nH*hd + 2*C + nH*d_rel, H]   C = nKV*hd
+    o_proj: torch.Tensor          # [H, nH*hd]
+    q_norm: torch.Tensor          # [hd]
+    k_norm: torch.Tensor          # [hd]
+    k_conv: torch.Tensor          # [C, K]
+    v_conv: torch.Tensor          # [C, K]
+    rel_proj: torch.Tensor        # P: [d_rel, E]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    d_rel: int
+    window: int | None            # sliding window, None on global layers
+    log_tau: tuple[int, float] | None   # (n_floor, alpha) where log-tau applies
+
+    @property
+    def split(self) -> list[int]:
+        """Column widths of the qkvr GEMM output: q, k_in, v_in, r."""
+        C = self.num_kv_heads * self.head_dim
+        return [self.num_heads * self.head_dim, C, C, self.num_heads * self.d_rel]
+
+
+@dataclass
+class DenseWeights:
+    w13: torch.Tensor             # [2F, H], gate and up rows interleaved
+    w2: torch.Tensor              # [H, F]
+    global_scale: torch.Tensor    # [1]
+
+
+@dataclass
+class MoEWeights:
+    router: torch.Tensor          # [R + S, H]
+    router_bias: torch.Tensor     # [R] float32
+    gate_global_scale: torch.Tensor  # [1]
+    route_scale: float
+    top_k: int
+    w13: torch.Tensor             # [R, 2F, H]
+    w2: torch.Tensor              # [R, H, F]
+    shared_w13: torch.Tensor | None  # [S, 2F, H]
+    shared_w2: torch.Tensor | None   # [S, H, F]
+
+
+@dataclass
+class BlockWeights:
+    """One decoder block: a trunk layer, or the body of an MTP depth."""
+    attn_norm: torch.Tensor
+    attn: AttentionWeights
+    attn_conv: torch.Tensor       # [H, K]
+    mlp_norm: torch.Tensor
+    mlp: DenseWeights | MoEWeights
+    mlp_conv: torch.Tensor        # [H, K]
+
+
+@dataclass
+class DepthWeights:
+    hidden_norm: torch.Tensor
+    embed_norm: torch.Tensor
+    input_proj: torch.Tensor      # [H, 2H]
+    block: BlockWeights
+
+
+@dataclass
+class ModelWeights:
+    config: InklingConfig
+    embed: torch.Tensor           # [V, H]
+    embed_norm: torch.Tensor      # [H]
+    blocks: list[BlockWeights]
+    norm: torch.Tensor            # [H]
+    unembed: torch.Tensor         # [V, H]
+    depths: list[DepthWeights]
+    chain_norm: torch.Tensor | None
+
+    @property
+    def eps(self) -> float:
+        return self.config.rms_norm_eps
+
+    @property
+    def mup(self) -> float:
+        return float(self.config.mup)
+
+    @property
+    def vocab_out(self) -> int:
+        return self.config.vocab_out
+
+
+def from_model(model: InklingModel, num_depths: int, dtype: torch.dtype, device) -> ModelWeights:
+    """The kernel-ready weights of `model`'s trunk and its first `num_depths` MTP depths."""
+    def t(x: torch.Tensor, as_dtype: torch.dtype = dtype) -> torch.Tensor:
+        return x.detach().to(device=device, dtype=as_dtype).contiguous()
+
+    cfg = model.config
+    mtp = model.mtp
+    return ModelWeights(
+        config=cfg,
+        embed=t(model.trunk.embed.weight),
+        embed_norm=t(model.trunk.embed_norm.weight),
+        blocks=[_block(layer, cfg, t) for layer in model.trunk.layers],
+        norm=t(model.trunk.norm.weight),
+        unembed=t(model.trunk.unembed.weight),
+        depths=[DepthWeights(hidden_norm=t(d.hidden_norm.weight), embed_norm=t(d.embed_norm.weight),
+                             input_proj=t(d.input_proj.weight), block=_block(d.block, cfg, t))
+                for d in (list(mtp.depths)[:num_depths] if mtp is not None else [])],
+        chain_norm=t(mtp.chain_norm.weight) if mtp is not None and mtp.chain_norm is not None else None,
+    )
+
+
+def _block(block: InklingBlock, cfg: InklingConfig, t) -> BlockWeights:
+    return BlockWeights(attn_norm=t(block.attn_norm.weight), attn=_attention(block.attn, cfg, t),
+                        attn_conv=t(block.attn_conv.weight[:, 0]), mlp_norm=t(block.mlp_norm.weight),
+                        mlp=_mlp(block.mlp, t), mlp_conv=t(block.mlp_conv.weight[:, 0]))
+
+
+def _attention(a: Attention, cfg: InklingConfig, t) -> AttentionWeights:
+    qkvr = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.r_proj.weight], dim=0)
+    return AttentionWeights(
+        qkvr=t(qkvr), o_proj=t(a.o_proj.weight), q_norm=t(a.q_norm.weight), k_norm=t(a.k_norm.weight),
+        k_conv=t(a.k_conv.weight[:, 0]), v_conv=t(a.v_conv.weight[:, 0]), rel_proj=t(a.rel_proj),
+        num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, d_rel=cfg.d_rel,
+        window=a.window, log_tau=(a.n_floor, a.alpha) if a.n_floor is not None else None)
+
+
+def _mlp(mlp: DenseMLP | MoE, t) -> DenseWeights | MoEWeights:
+    if isinstance(mlp, DenseMLP):
+        return DenseWeights(w13=t(mlp.gate_up.weight), w2=t(mlp.down.weight), global_scale=t(mlp.global_scale))
+    shared = mlp.num_shared > 0
+    return MoEWeights(
+        router=t(mlp.router), router_bias=t(mlp.router_bias, torch.float32),
+        gate_global_scale=t(mlp.gate_global_scale), route_scale=float(mlp.route_scale), top_k=mlp.top_k,
+        w13=t(mlp.experts_gate_up), w2=t(mlp.experts_down),
+        shared_w13=t(mlp.shared_gate_up) if shared else None, shared_w2=t(mlp.shared_down) if shared else None)
