@@ -70,12 +70,13 @@ def parse_ids(text: str) -> list[int]:
 
 
 def resolve_engine(name: str | None) -> str:
-    """--engine: 'ref' (the reference, CPU) or 'fast' (inkling_fast.Engine, CUDA); default: fast when a
-    CUDA GPU is present, else ref."""
+    """--engine: 'ref' (the reference, CPU) or 'fast' (inkling_fast.Engine, CUDA). Default: ref, until
+    the fast engine's GPU checks have run (it is verified on CPU through the Triton interpreter only);
+    then the default becomes fast when a CUDA GPU is present."""
     import torch
 
     if name is None:
-        return "fast" if torch.cuda.is_available() else "ref"
+        return "ref"
     if name == "fast" and not torch.cuda.is_available():
         raise ValueError("--engine fast needs a CUDA GPU and none is available; use --engine ref")
     return name
@@ -153,7 +154,7 @@ def add_generate(subparsers) -> None:
                    help="weights and activations (the fast engine runs float32 or bfloat16)")
     p.add_argument("--engine", choices=["ref", "fast"], default=None,
                    help="ref: the reference (CPU); fast: inkling_fast.Engine, Triton kernels in CUDA graphs "
-                        "(needs a GPU). Default: fast when a CUDA GPU is present, else ref")
+                        "(needs a GPU; not yet verified on a GPU). Default: ref")
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="CPU threads for torch (default 1: the reference's many small ops run fastest on one)")
     p.set_defaults(func=run_generate)
