@@ -5,7 +5,8 @@ KV-bytes floor; plus split-KV off vs on, a few sliding-layer cases and the atten
 Floor bytes per case = the K and V rows the kernel must read (every key up to each row's last
 position on a global layer: ctx + T keys per batch row; window + T - 1 on a sliding layer) + q read
 + out written. The L_rel band the kernel also reads (T * nH * min(E, keys) * 4 bytes per batch row)
-is not in the floor; the note gives its size. Kernel and twin are timed as CUDA-graph replays
+is not in the floor; the note gives its size. Each case first checks kernel against twin on one
+input set (relative L2 <= 1e-2, in the note), then times both as CUDA-graph replays
 (`harness.bench_graph`) over input sets rotated past the L2.
 
     python benchmarks/kernels.py attention                        # on the GPU
@@ -133,11 +134,27 @@ def note(c: Case, device) -> str:
     return f"S={S}{off}; K+V {kv / 2**20:.1f} MB; L_rel band {band / 2**20:.2f} MB"
 
 
+def compare(c: Case, kernel, twin, inputs) -> float:
+    """Relative L2 of the kernel's output (prep: q') against the twin's on one input set (prep runs
+    each on its own copy of the caches it writes). NaN or inf gives inf. Syncs with the host."""
+    if c.op == "prep":
+        t, s = inputs
+        a, b = kernel(t, {k: x.clone() for k, x in s.items()}).q, twin(t, {k: x.clone() for k, x in s.items()}).q
+    else:
+        a, b = kernel(*inputs), twin(*inputs)
+    if not bool(torch.isfinite(a).all()):
+        return float("inf")
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
 def run(ctx: harness.Context) -> list[harness.Row]:
     rows = []
     for c in cases():
         sets = harness.rotating_inputs(lambda: make_inputs(c, "cuda"), floor_bytes(c))
         kernel, twin = _fns(c)
+        err = compare(c, kernel, twin, sets[0])
+        if not err <= 1e-2:
+            raise RuntimeError(f"{c.label} {c.op}: kernel vs twin relative L2 {err:.2e}")
         ms = harness.bench_graph(kernel, sets)
         if c.op == "prep":
             ms_twin = harness.bench(twin, sets[:2])   # rewrites the same rows each call: same work
@@ -146,7 +163,7 @@ def run(ctx: harness.Context) -> list[harness.Row]:
         else:
             ms_twin = None
         rows.append(harness.Row(c.op if c.splits is None else f"{c.op} S={c.splits}", c.label, floor_bytes(c), ms,
-                                ms_twin, note(c, "cuda")))
+                                ms_twin, f"{note(c, 'cuda')}; rel L2 {err:.1e}"))
         floor_us = floor_bytes(c) / (ctx.copy_gbps * 1e9) * 1e6
         twin_us = ms_twin * 1e3 if ms_twin is not None else float("nan")
         print(f"{c.label:32s} {c.op:9s} {ms * 1e3:9.1f} us  floor {floor_us:8.1f} us  twin {twin_us:9.1f} us  "
@@ -168,13 +185,7 @@ def dry_run(limit: int | None = None, scale: int = 256, device: str | None = Non
             small = Case(c.op, c.kind, c.T, min(c.B, 2), c.ctx, c.splits)
             inputs = make_inputs(small, device, nh=4, nkv=2, hd=16, scale=scale)
             kernel, twin = _fns(small, nh=4, scale=scale)
-            if c.op == "prep":
-                t, s = inputs
-                a, b = kernel(t, {k: x.clone() for k, x in s.items()}), twin(t, {k: x.clone() for k, x in s.items()})
-                a, b = a.q, b.q
-            else:
-                a, b = kernel(*inputs), twin(*inputs)
-            err = ((a.float() - b.float()).norm() / b.float().norm()).item()
+            err = compare(small, kernel, twin, inputs)
             assert err <= 1e-2, f"{c.label}: kernel vs twin relative L2 {err}"
             row.note += f"; dry run rel L2 {err:.1e}"
         rows.append(row)

@@ -69,13 +69,19 @@ def bench(fn, sets) -> float:
 
 def bench_graph(fn, sets) -> float:
     """Median ms per call when the calls are replayed from a CUDA graph (removes launch gaps).
-    One graph holds one call per input set; time = graph time / number of sets."""
+    One graph holds one call per input set; time = graph time / number of sets.
+
+    The warm-up runs on a side stream (as graph capture wants), but the sets were built on the
+    current stream and may still be in flight there: the side stream must wait for it, or the
+    warm-up reads unwritten inputs (a garbage cache slot index is an illegal memory access)."""
     import triton.testing
 
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for s in sets:  # warm-up / compile outside the capture
             fn(*s)
+    torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -8,12 +8,15 @@ fast path: the projections of the new rows in [B, T] grids (NaN on padding rows)
 history keys at row p % cap of a NaN-poisoned KV cache, and the last R conv inputs at row p % R of
 NaN-poisoned conv rings, with a shuffled slot per batch row and one unused slot. Tensors live on
 DEVICE (CUDA when present, so the small tests also run compiled on a GPU machine).
+
+`AddressCheck` (interpreter only) checks every address a kernel touches against its tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from inkling_ref import InklingConfig, LayerCache
@@ -192,3 +195,74 @@ def build_case(spec: Spec, lengths: list[int], rows: list[int], T: int, *, dtype
     return Case(spec, ref, grid["q"], grid["k_in"], grid["v_in"], grid["r"], weights, k_ring, v_ring, k_cache,
                 v_cache, slot, pos, out, k_new, v_new)
 
+
+class AddressCheck:
+    """Under TRITON_INTERPRET=1: checks every address a kernel loads or stores (its unmasked lanes)
+    against the byte ranges of the given tensors and raises IndexError naming the first address that
+    lies in none of them. The interpreter itself reads and writes raw memory without any check, so an
+    out-of-range offset there is silent (or a segfault); on the GPU it is an illegal memory access.
+
+        with AddressCheck([q, rel, k_cache, ...]) as chk:
+            attention_decode(...)
+        chk.loads, chk.stores   # unmasked lanes checked (proves the check ran)
+
+    allow_new=True also allows the tensors that torch.empty / torch.empty_like create inside the
+    block (a wrapper's own buffers: split-KV partials, default outputs).
+    """
+
+    def __init__(self, tensors, allow_new: bool = False):
+        self.ranges = [self._range(t) for t in tensors]
+        self.allow_new = allow_new
+        self.loads = self.stores = 0
+
+    @staticmethod
+    def _range(t):
+        assert t.is_contiguous(), "AddressCheck: tensors must be contiguous"
+        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+    def _check(self, kind, ptrs, mask):
+        from triton.runtime.interpreter import _get_np_dtype
+        addr = ptrs.data[np.broadcast_to(mask.data.astype(bool), ptrs.data.shape)].astype(np.uint64)
+        if addr.size == 0:
+            return 0
+        nbytes = np.dtype(_get_np_dtype(ptrs.get_element_ty())).itemsize
+        ok = np.zeros(addr.shape, dtype=bool)
+        for lo, hi in self.ranges:
+            ok |= (addr >= lo) & (addr + nbytes <= hi)
+        if not ok.all():
+            bad = int(addr[~ok][0])
+            raise IndexError(f"{kind} of {int((~ok).sum())} lanes outside every tensor, e.g. address {bad:#x}; "
+                             f"tensor ranges {[(hex(lo), hex(hi)) for lo, hi in self.ranges]}")
+        return addr.size
+
+    def __enter__(self):
+        from triton.runtime import interpreter
+        self._builder = interpreter.InterpreterBuilder
+        self._orig = (self._builder.create_masked_load, self._builder.create_masked_store)
+        load, store = self._orig
+        chk = self
+
+        def checked_load(b, ptrs, mask, other, *args):
+            chk.loads += chk._check("load", ptrs, mask)
+            return load(b, ptrs, mask, other, *args)
+
+        def checked_store(b, ptrs, value, mask, *args):
+            chk.stores += chk._check("store", ptrs, mask)
+            return store(b, ptrs, value, mask, *args)
+
+        self._builder.create_masked_load, self._builder.create_masked_store = checked_load, checked_store
+        self._empty = (torch.empty, torch.empty_like)
+        if self.allow_new:
+            def tracked(make):
+                def new(*args, **kwargs):
+                    x = make(*args, **kwargs)
+                    chk.ranges.append(chk._range(x))
+                    return x
+                return new
+            torch.empty, torch.empty_like = tracked(torch.empty), tracked(torch.empty_like)
+        return self
+
+    def __exit__(self, *exc):
+        self._builder.create_masked_load, self._builder.create_masked_store = self._orig
+        torch.empty, torch.empty_like = self._empty
+        return False

@@ -3,16 +3,20 @@ twin) against the reference Attention on a flat history, the kernel against the 
 (wrap-around, ragged lengths, padding rows, poisoned outputs), the split-KV merge under large
 logits, and the kernels end to end against the reference. Real sizes on the GPU."""
 
+import contextlib
+import importlib
+import importlib.util
 import os
 import sys
 
 import pytest
 import torch
 
-from attn_helpers import Spec, build_case, rel_l2
+from attn_helpers import AddressCheck, Spec, build_case, rel_l2
 from inkling_fast.kernels.attention_decode import (MIN_SPLIT_KEYS, attention_decode, attention_decode_torch,
-                                                   choose_num_splits)
+                                                   choose_num_splits, sm_count)
 from inkling_fast.kernels.attention_prep import attention_prep, attention_prep_torch
+from mutants import load_mutant
 
 SLIDING = Spec("sliding", nH=6, nKV=2, hd=16, extent=11, d_rel=5, H=24)
 GLOBAL = Spec("global", nH=4, nKV=1, hd=16, extent=13, d_rel=5, H=24, log_tau=(7, 0.3))
@@ -127,21 +131,163 @@ def test_rejects_bad_input():
         attention_decode(prep.q, prep.rel, k, v, case.slot.long(), case.pos, window=11)
 
 
-def test_benchmark_builds_on_cpu():
-    """benchmarks/bench_attention.py imports and builds every case without a GPU (dry run), and its
-    tiny versions agree kernel vs twin."""
-    import importlib.util
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_attention.py")
-    spec = importlib.util.spec_from_file_location("bench_attention", path)
+def big_cache_case(tmp_path, dtype=torch.float32, seed=54):
+    """A global-layer call whose KV cache has more than 2^31 elements (nKV 1, hd 16, cap 40 and
+    3,355,445 slots; file-backed and sparse, so only the rows written cost memory), read at its last
+    two slots: the last slot starts at element 2,147,484,160 > 2^31, the one before crosses 2^31 at
+    its row 8. Returns the arguments of attention_decode (the two rows: T=3, one padding row)."""
+    nH, nKV, hd, cap, E, T = 2, 1, 16, 40, 8, 3
+    slots = 2**31 // (cap * nKV * hd) + 2
+    assert (slots - 1) * cap * nKV * hd > 2**31
+    g = torch.Generator().manual_seed(seed)
+    k_cache, v_cache = (torch.from_file(str(tmp_path / f"{n}.bin"), shared=True, size=slots * cap * nKV * hd,
+                                        dtype=dtype).view(slots, cap, nKV, hd) for n in ("k", "v"))
+    slot = torch.tensor([slots - 1, slots - 2], dtype=torch.int32)
+    for s in slot.tolist():
+        k_cache[s] = torch.randn(cap, nKV, hd, generator=g).to(dtype)
+        v_cache[s] = torch.randn(cap, nKV, hd, generator=g).to(dtype)
+    pos = torch.tensor([[36, 37, 38], [17, 18, -1]], dtype=torch.int32)
+    q = torch.randn(2, T, nH, hd, generator=g).to(dtype)
+    rel = torch.randn(2, T, nH, E, generator=g)
+    return q, rel, k_cache, v_cache, slot, pos
+
+
+INTERPRETER_ONLY = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                      reason="AddressCheck instruments the Triton interpreter (CPU runs)")
+
+
+@INTERPRETER_ONLY
+@pytest.mark.parametrize("splits", [1, 3])
+def test_cache_offsets_past_int32(tmp_path, splits):
+    """Cache offsets are int64: with a KV cache of more than 2^31 elements read at its last slots,
+    every address the kernel loads or stores lies inside its tensors (AddressCheck) and the output
+    matches the twin. (The benchmark case that crashed, B=4 ctx=32k, is far below 2^31 elements:
+    4 * 32769 * 8 * 128 = 134,221,824; this checks the arithmetic past the point where int32 wraps.)"""
+    q, rel, k, v, slot, pos = big_cache_case(tmp_path)
+    out = torch.full_like(q, float("nan"))
+    with AddressCheck([q, rel, k, v, slot, pos, out], allow_new=True) as chk:
+        attention_decode(q, rel, k, v, slot, pos, num_splits=splits, out=out)
+    assert chk.loads > 0 and chk.stores > 0
+    valid = pos >= 0
+    assert out[~valid].isnan().all(), "a padding row was written"
+    twin = attention_decode_torch(q, rel, k, v, slot, pos)
+    assert rel_l2(out[valid], twin[valid]) <= 1e-5
+
+
+@INTERPRETER_ONLY
+def test_address_check_catches_int32_cache_offsets(tmp_path):
+    """The check above can fail: a kernel whose slot index stays int32 wraps past 2^31 and is caught."""
+    mutant = load_mutant(tmp_path, [("kernels/attention_decode.py", "s = tl.load(slot_ptr + b).to(tl.int64)",
+                                     "s = tl.load(slot_ptr + b)")], package="inkling_fast")
+    broken = importlib.import_module(mutant.__name__ + ".kernels.attention_decode").attention_decode
+    from triton.runtime.errors import InterpreterError
+    q, rel, k, v, slot, pos = big_cache_case(tmp_path)
+    with pytest.raises(InterpreterError, match="load of .* lanes outside every tensor"), \
+            AddressCheck([q, rel, k, v, slot, pos], allow_new=True):
+        broken(q, rel, k, v, slot, pos, num_splits=1)
+
+
+def load_benchmark(name):
+    """benchmarks/<name>.py imported by path (benchmarks/ is not a package)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod          # dataclasses look their module up there
     try:
         spec.loader.exec_module(mod)
     finally:
         del sys.modules[spec.name]
+    return mod
+
+
+@INTERPRETER_ONLY
+@pytest.mark.skipif(os.environ.get("INKLING_EXACT_CASE") != "1",
+                    reason="1-2 min per T in the interpreter; set INKLING_EXACT_CASE=1 to run")
+@pytest.mark.parametrize("T", [1, 9])
+def test_benchmark_case_b4_ctx32k_addresses(T):
+    """The benchmark case that crashed on the GPU (global, B=4, ctx=32768, 32/8 heads, hd 128, bf16,
+    S = 9 as chosen for the H200's 132 SMs), built by the benchmark itself: every address the kernel
+    and the merge touch lies inside their tensors, and the output matches the twin."""
+    bench = load_benchmark("bench_attention")
+    c = bench.Case("attention", "global", T, 4, 32768)
+    q, rel, k, v, slot, pos = bench.make_inputs(c, "cpu")
+    S = choose_num_splits(c.B * bench.NKV, c.ctx + T, 132)
+    assert S == 9
+    out = torch.full_like(q, float("nan"))
+    with AddressCheck([q, rel, k, v, slot, pos, out], allow_new=True) as chk:
+        attention_decode(q, rel, k, v, slot, pos, num_splits=S, out=out)
+    assert chk.loads >= 2 * k.numel()                  # every K and V element read at least once
+    assert rel_l2(out, attention_decode_torch(q, rel, k, v, slot, pos, num_keys=c.ctx + T)) <= 1e-2
+
+
+def test_benchmark_builds_on_cpu():
+    """benchmarks/bench_attention.py imports and builds every case without a GPU (dry run), and its
+    tiny versions agree kernel vs twin."""
+    mod = load_benchmark("bench_attention")
     rows = mod.dry_run(limit=2)
     assert len(rows) == len(mod.cases()) >= 75 and all(r.bytes > 0 for r in rows)
     assert ["dry run" in r.note for r in rows[:3]] == [True, True, False]
+
+
+class FakeStream:
+    def __init__(self, name):
+        self.name, self.waited_for = name, []
+
+    def wait_stream(self, other):
+        self.waited_for.append(other)
+
+
+def test_bench_graph_warmup_waits_for_the_inputs(monkeypatch):
+    """harness.bench_graph warms up on a side stream; the input sets were built on the current
+    stream and may still be in flight there, so the side stream must wait for it before the first
+    call. (Without the wait the attention benchmark read unwritten slot indices: the illegal memory
+    access at B=4 ctx=32k.) CUDA streams and graphs are faked here; each call records its stream and
+    whether that stream had waited for the inputs' stream by then."""
+    harness = load_benchmark("harness")
+    import triton.testing
+    inputs_stream = FakeStream("current")
+    now = {"stream": inputs_stream, "capturing": False}
+    calls = []
+
+    @contextlib.contextmanager
+    def use_stream(stream):
+        prev, now["stream"] = now["stream"], stream
+        try:
+            yield
+        finally:
+            now["stream"] = prev
+
+    @contextlib.contextmanager
+    def capture(graph):
+        now["capturing"] = True
+        try:
+            yield
+        finally:
+            now["capturing"] = False
+
+    class FakeGraph:
+        def replay(self):
+            calls.append("replay")
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: FakeStream("side"))
+    monkeypatch.setattr(torch.cuda, "stream", use_stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: now["stream"])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", capture)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 3.0)[1])
+
+    def fn(x):
+        s = now["stream"]
+        calls.append(("capture" if now["capturing"] else "warm-up", s.name, s is inputs_stream
+                      or inputs_stream in s.waited_for))
+
+    assert harness.bench_graph(fn, [(1,), (2,), (3,)]) == 1.0         # 3 ms per replay of 3 calls
+    warm = [i for i, c in enumerate(calls) if c[0] == "warm-up"]
+    assert len(warm) == 3 and all(calls[i][1] == "side" for i in warm)
+    assert all(calls[i][2] for i in warm), f"warm-up ran before its stream waited for the inputs: {calls}"
+    assert "sync" in calls[warm[-1]:calls.index("replay")], "no synchronize between warm-up and replay"
+    assert [c[0] for c in calls if isinstance(c, tuple) and c[0] == "capture"] == ["capture"] * 3
 
 
 # ----------------------------------------------------------------------------------------------- GPU
@@ -195,3 +341,44 @@ def test_real_sizes_fp32_gpu(name, ctx):
     prep, state = prepared(case, attention_prep)
     out = run_kernel(case, prep, state)
     assert rel_l2(out[case.valid], case.out[case.valid]) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_bench_graph_waits_for_the_inputs_gpu():
+    """On the GPU: the current stream is kept busy (~0.5 s) before it writes the input, so a warm-up
+    that does not wait for it reads the old value and sets the flag; the graph replays (after the
+    warm-up) cannot clear it."""
+    harness = load_benchmark("harness")
+    stale = torch.zeros((), dtype=torch.bool, device="cuda")
+
+    def fn(x):
+        torch.logical_or(stale, (x != 1).any(), out=stale)
+
+    x = torch.ones(4096, device="cuda")
+    fn(x)                                  # load the kernels now, not inside the race window
+    x.zero_()
+    torch.cuda.synchronize()
+    assert not stale.item()
+    torch.cuda._sleep(1_000_000_000)       # ~0.5 s of GPU clock cycles on the current stream
+    x.fill_(1.0)                           # the input is ready only after that
+    harness.bench_graph(fn, [(x,)])
+    assert not stale.item(), "bench_graph's warm-up read the input before the stream that writes it was done"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 9])
+def test_benchmark_case_b4_ctx32k_gpu(T):
+    """The benchmark case that crashed (global, B=4, ctx=32768, auto splits: S=9 on an H200), built
+    by the benchmark itself and run through harness.bench_graph (rotated sets, side-stream warm-up,
+    capture, replays); then the kernel (auto splits, NaN-poisoned output) against the twin on every set."""
+    bench = load_benchmark("bench_attention")
+    c = bench.Case("attention", "global", T, 4, 32768)
+    S = choose_num_splits(c.B * bench.NKV, c.ctx + T, sm_count(torch.device("cuda")))
+    assert S > 1, "the case must exercise split-KV"
+    sets = bench.harness.rotating_inputs(lambda: bench.make_inputs(c, "cuda"), bench.floor_bytes(c))
+    kernel, twin = bench._fns(c)
+    assert bench.harness.bench_graph(kernel, sets) > 0
+    for q, rel, k, v, slot, pos in sets:
+        out = torch.full_like(q, float("nan"))
+        attention_decode(q, rel, k, v, slot, pos, out=out)
+        assert rel_l2(out, twin(q, rel, k, v, slot, pos)) <= 1e-2
