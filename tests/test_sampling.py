@@ -143,7 +143,8 @@ def test_distribution_preserved(params, draft_sampling):
 SAMPLER_MUTANTS = {
     "always accept": [("sampling.py", "if u_accept[j] * float(q[j, d]) < float(p[j, d]):", "if True:")],
     "always reject": [("sampling.py", "if u_accept[j] * float(q[j, d]) < float(p[j, d]):", "if False:")],
-    "bonus from q": [("sampling.py", "return k, sample(p[k], u_final)", "return k, sample(q[k - 1] if k else p[k], u_final)")],
+    # a classic bug: after a rejection, resample from p instead of the residual max(p - q, 0)
+    "resample from p": [("sampling.py", "residual = (p[j] - q[j]).clamp(min=0)", "residual = p[j].clone()")],
 }
 
 
