@@ -69,14 +69,13 @@ def parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be integers separated by spaces, got {text!r}") from None
 
 
-def resolve_engine(name: str | None) -> str:
-    """--engine: 'ref' (the reference, CPU) or 'fast' (inkling_fast.Engine, CUDA). Default: ref, until
-    the fast engine's GPU checks have run (it is verified on CPU through the Triton interpreter only);
-    then the default becomes fast when a CUDA GPU is present."""
+def resolve_engine(name: str | None, dtype: str = "float32") -> str:
+    """--engine: 'ref' (the reference) or 'fast' (inkling_fast.Engine, CUDA). Default: fast when a CUDA
+    GPU is present and the dtype is one the fast engine runs (float32, bfloat16), ref otherwise."""
     import torch
 
     if name is None:
-        return "ref"
+        return "fast" if torch.cuda.is_available() and dtype in ("float32", "bfloat16") else "ref"
     if name == "fast" and not torch.cuda.is_available():
         raise ValueError("--engine fast needs a CUDA GPU and none is available; use --engine ref")
     return name
@@ -110,7 +109,7 @@ def run_generate(args) -> int:
     model = load_checkpoint(path, dtype=getattr(torch, args.dtype), num_mtp_depths=k)
     options = dict(max_new_tokens=args.max_new_tokens, num_speculative_tokens=k, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_id=model.config.eos_token_id)
-    if resolve_engine(args.engine) == "fast":
+    if resolve_engine(args.engine, args.dtype) == "fast":
         from inkling_fast import Engine  # imported only here: inkling_ref never depends on inkling_fast
 
         max_seq_len = max(2, min(len(prompt) + args.max_new_tokens, model.config.max_position_embeddings))
@@ -154,7 +153,8 @@ def add_generate(subparsers) -> None:
                    help="weights and activations (the fast engine runs float32 or bfloat16)")
     p.add_argument("--engine", choices=["ref", "fast"], default=None,
                    help="ref: the reference (CPU); fast: inkling_fast.Engine, Triton kernels in CUDA graphs "
-                        "(needs a GPU; not yet verified on a GPU). Default: ref")
+                        "(needs a GPU). Default: fast when a GPU is present and --dtype is float32 or "
+                        "bfloat16, else ref")
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="CPU threads for torch (default 1: the reference's many small ops run fastest on one)")
     p.set_defaults(func=run_generate)

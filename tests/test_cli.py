@@ -65,14 +65,15 @@ def test_bad_ids_are_a_usage_error(ckpt):
 
 
 # ----------------------------------------------------------------------------- --engine ref|fast
-def test_engine_default_is_ref_until_the_fast_engine_is_gpu_verified(monkeypatch):
+def test_engine_default_is_fast_on_a_gpu_and_ref_without(monkeypatch):
     from inkling_ref.cli import resolve_engine
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_engine(None) == "ref" and resolve_engine("ref") == "ref"
     with pytest.raises(ValueError, match="--engine fast needs a CUDA GPU"):
         resolve_engine("fast")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_engine(None) == "ref" and resolve_engine("ref") == "ref" and resolve_engine("fast") == "fast"
+    assert resolve_engine(None) == "fast" and resolve_engine("ref") == "ref" and resolve_engine("fast") == "fast"
+    assert resolve_engine(None, "bfloat16") == "fast" and resolve_engine(None, "float64") == "ref"
 
 
 def test_engine_fast_without_a_gpu_is_a_clear_error(ckpt, capsys, monkeypatch):

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one device call, in parallel groups (one GPU, 16 CPU cores):
+#   bash scripts/gpu_checks.sh OUT_DIR
+# Writes OUT_DIR/<group>.log per group and OUT_DIR/summary.txt (the last lines of each log).
+# Notebooks under nbval need the wheels of ../shared/device/fetch-notebook-wheels.sh in .whl.
+set -u
+OUT=${1:?usage: gpu_checks.sh OUT_DIR}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+T=${GPU_CHECKS_TIMEOUT:-540}
+
+run() {  # run NAME THREADS CMD...
+  local name=$1 threads=$2; shift 2
+  ( export OMP_NUM_THREADS=$threads; start=$(date +%s)
+    timeout "$T" "$@" >"$OUT/$name.log" 2>&1; rc=$?
+    echo "[$name] rc=$rc in $(( $(date +%s) - start )) s" >>"$OUT/$name.log" ) &
+}
+
+run attention 2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_attention_decode.py \
+                 tests/fast/test_attention_prefill.py tests/fast/test_attention_prep.py
+run fast3     2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_lm_head_argmax.py \
+                 tests/fast/test_accept.py tests/fast/test_rejection.py tests/fast/test_moe.py
+run fast1     2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_embed_norm.py \
+                 tests/fast/test_mtp_input.py tests/fast/test_rms_norm.py tests/fast/test_swiglu.py \
+                 tests/fast/test_short_conv.py
+run engine    2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py tests/test_cli.py
+run reference 4  python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/fast --ignore=tests/test_cli.py
+run sanitizer 1  compute-sanitizer --tool memcheck python3 scripts/sanitize_engine.py
+if [ -d .whl ]; then
+  ( python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$PWD/.site" .whl/*.whl >/dev/null 2>&1
+    export PYTHONPATH="$PWD/.site:$PYTHONPATH" OMP_NUM_THREADS=2; start=$(date +%s)
+    timeout "$T" python3 -m pytest -q -p no:cacheprovider --nbval --nbval-current-env notebooks/ \
+      >"$OUT/notebooks.log" 2>&1; rc=$?
+    echo "[notebooks] rc=$rc in $(( $(date +%s) - start )) s" >>"$OUT/notebooks.log" ) &
+fi
+wait
+for f in "$OUT"/*.log; do echo "== $f"; tail -n 4 "$f"; done | tee "$OUT/summary.txt"
