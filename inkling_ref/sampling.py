@@ -68,7 +68,7 @@ def sample(p: torch.Tensor, u: float) -> int:
     """p: [V] probabilities (need not be normalized), u in [0, 1) -> the smallest id i with
     cumsum(p)[i] > u * sum(p). Ids of probability 0 are never returned."""
     c = p.to(torch.float64).cumsum(-1)
-    i = int(torch.searchsorted(c, torch.tensor([u * float(c[-1])], dtype=torch.float64), right=True)[0])
+    i = int(torch.searchsorted(c, torch.tensor([u * float(c[-1])], dtype=torch.float64, device=c.device), right=True)[0])
     i = min(i, p.shape[-1] - 1)
     while p[i] <= 0:  # guard against rounding landing on a zero-probability id
         i -= 1
