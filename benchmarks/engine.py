@@ -62,8 +62,8 @@ if DRY:
                 chain_batches=(1,), chain_as=(0, 2), layer_batches=(1, 2), layer_T=(1, 3), context=40)
 else:
     GRID = dict(demo_batches=(1, 4, 16, 32), demo_ks=(0, 1, 2, 4, 8), new_tokens=128, prompt_len=240,
-                split_ks=(1, 2, 4, 8), eager=((1, 0), (1, 4), (32, 0), (32, 4)), ref=((1, 0), (1, 4)),
-                hf_batches=(1, 32), head_batches=(1, 2, 4, 8, 16, 32), head_rows=(1, 2, 3, 5, 9),
+                split_ks=(0, 1, 2, 4, 8), eager=((1, 0), (1, 4), (32, 0), (32, 4)), ref=((1, 0), (1, 4)),
+                hf_batches=(1, 32), head_batches=(1, 2, 4, 8, 16, 32, 64), head_rows=(1, 2, 3, 5, 9),
                 chain_batches=(1, 4, 16, 32), chain_as=(0, 4, 8), layer_batches=(1, 2, 4, 8, 16, 32, 64),
                 layer_T=(1, 2, 3, 5, 9), context=4096)
 
@@ -192,27 +192,38 @@ def run_demo(res: dict) -> None:
         replay or eagerly, and its one copy to the host), so decode tokens/s leaves the (eager,
         per-sequence) prefill and the host bookkeeping out."""
         in_cycles = [0.0]
+        steady = dict(seconds=0.0, tokens=0, cycles=0)                 # cycles that ran all B sequences
         run_cycle = eng.run_cycle
 
-        def timed(*a, **kw):
+        def timed(slots, *a, **kw):
             t0 = time.perf_counter()
-            out = run_cycle(*a, **kw)                                  # ends with a host copy: synchronized
-            in_cycles[0] += time.perf_counter() - t0
+            out = run_cycle(slots, *a, **kw)                           # ends with a host copy: synchronized
+            dt = time.perf_counter() - t0
+            in_cycles[0] += dt
+            if len(slots) == B:
+                steady["seconds"] += dt
+                steady["tokens"] += sum(row[0] + 1 for row in out)    # a + 1 tokens per sequence
+                steady["cycles"] += 1
             return out
 
         eng.run_cycle = timed
         try:
             eng.generate(prompts[:B], max_new_tokens=min(N, 2 * k + 4), num_speculative_tokens=k)  # capture, warm
             in_cycles[0] = 0.0
+            steady.update(seconds=0.0, tokens=0, cycles=0)
             r = eng.generate(prompts[:B], max_new_tokens=N, num_speculative_tokens=k)
         finally:
             del eng.run_cycle
         row = dict(engine=name, batch=B, k=k, new_tokens=N, seconds=r.elapsed_s,
                    tokens_per_s=B * N / r.elapsed_s, decode_seconds=in_cycles[0],
                    decode_tokens_per_s=B * (N - 1) / in_cycles[0],                # x_L comes from the prefill
+                   steady_tokens_per_s=steady["tokens"] / steady["seconds"],
+                   steady_acceptance_length=steady["tokens"] / (B * steady["cycles"]),
+                   steady_cycles=steady["cycles"], steady_ms_per_cycle=1e3 * steady["seconds"] / steady["cycles"],
                    acceptance_length=r.stats.acceptance_length if k > 0 else 1.0, cycles=r.stats.num_cycles)
         log(f"  {name:>12} B={B:<3} k={k}  {row['tokens_per_s']:9.1f} tok/s  decode {row['decode_tokens_per_s']:9.1f}"
-            f"  acc len {row['acceptance_length']:.2f}")
+            f"  steady {row['steady_tokens_per_s']:9.1f} ({row['steady_ms_per_cycle']:.3f} ms/cycle, L "
+            f"{row['steady_acceptance_length']:.2f})  acc len {row['acceptance_length']:.2f}")
         e2e.append(row)
         return r
 
@@ -235,7 +246,10 @@ def run_demo(res: dict) -> None:
             batch = eng.make_batch(slots, k)
             st = eng.state
             n0 = st.n.clone()
-            gd, (drafts, q) = capture(lambda: eng.draft(batch, k, mode))
+            if k > 0:
+                gd, (drafts, q) = capture(lambda: eng.draft(batch, k, mode))
+            else:                                                        # plain decoding: no draft chain
+                gd, (drafts, q) = None, eng.draft(batch, k, mode)
             gv, (hidden, k_eff) = capture(lambda: eng.verify(batch, k))
             ga, _ = capture(lambda: eng.accept(batch, k, mode, drafts, q, hidden, k_eff))
 
@@ -245,7 +259,7 @@ def run_demo(res: dict) -> None:
                 return out
 
             gc, _ = capture(whole)
-            d, v, a, c = replay_ms(gd), replay_ms(gv), replay_ms(ga), replay_ms(gc)
+            d, v, a, c = (replay_ms(gd) if k > 0 else 0.0), replay_ms(gv), replay_ms(ga), replay_ms(gc)
             row = dict(batch=B, k=k, context=int(n0[0]), cycle_ms=c, draft_ms=d, verify_ms=v, accept_ms=a,
                        accept_commit_ms=c - d - v)
             log(f"  B={B:<3} k={k}  cycle {c:.3f} ms = draft {d:.3f} + verify {v:.3f} + accept/commit {c - d - v:.3f}")
@@ -461,10 +475,13 @@ def write_markdown(res: dict, path: Path) -> None:
               f"bf16, {demo['prompt_len']}-token held-out prompts, {demo['new_tokens']} new tokens per sequence "
               "(ref_gpu: fewer), greedy. tokens/s counts the whole batch's new tokens over the wall time of "
               "`generate` (prefill included: eager, one sequence after the other); decode tokens/s = the tokens the "
-              "cycles produced over the wall time spent in them (graph replay + the one host copy per cycle). "
+              "cycles produced over the wall time spent in them (graph replay + the one host copy per cycle); "
+              "steady: the same over the cycles that ran all B sequences (before any finished), with their "
+              "mean wall time per cycle and tokens per sequence per cycle (L). "
               "Speedups: over the same engine's plain decoding (k = 0) at the same batch.", "",
-              "| engine | batch | k | tokens/s | speedup vs k=0 | decode tokens/s | decode speedup | acceptance length | cycles |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| engine | batch | k | tokens/s | speedup vs k=0 | decode tokens/s | decode speedup | steady tokens/s | "
+              "steady speedup | steady ms/cycle | steady L | acceptance length | cycles |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         base = {(r["engine"], r["batch"]): r for r in e2e if r["k"] == 0}
         for r in e2e:
             b = base.get((r["engine"], r["batch"]))
@@ -473,8 +490,15 @@ def write_markdown(res: dict, path: Path) -> None:
             dsp = (f"{r['decode_tokens_per_s'] / b['decode_tokens_per_s']:.2f}x"
                    if b and r.get("decode_tokens_per_s") and b.get("decode_tokens_per_s") else "-")
             acc = f"{r['acceptance_length']:.2f}" if r.get("acceptance_length") else "-"
+            if r.get("steady_tokens_per_s"):
+                ssp = (f"{r['steady_tokens_per_s'] / b['steady_tokens_per_s']:.2f}x"
+                       if b and b.get("steady_tokens_per_s") else "-")
+                st = (f"{r['steady_tokens_per_s']:.0f} | {ssp} | {r['steady_ms_per_cycle']:.3f} | "
+                      f"{r['steady_acceptance_length']:.2f}")
+            else:
+                st = "- | - | - | -"
             L.append(f"| {r['engine']} | {r['batch']} | {r['k']} | {r['tokens_per_s']:.0f} | {sp} | {dec} | {dsp} | "
-                     f"{acc} | {r.get('cycles') or '-'} |")
+                     f"{st} | {acc} | {r.get('cycles') or '-'} |")
         fast1 = {(r["batch"], r["k"]): r for r in e2e if r["engine"] == "fast_graphs"}
         comps = []
         for r in e2e:
