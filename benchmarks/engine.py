@@ -167,11 +167,7 @@ def hf_from_reference(model, dtype, device):
     hc = InklingTextConfig(**model.config.to_transformers_dict())
     hf = InklingForCausalLM(hc).eval()
     released = {to_released(n): p.detach() for n, p in model.trunk.named_parameters(prefix="trunk")}
-    sd = transformers_layout.from_released(released)
-    theirs = set(hf.state_dict())
-    for old, new in (("model.embed_tokens.embed_norm.weight", "model.embed_norm.weight"),):
-        if old in sd and old not in theirs and new in theirs:       # older transformers (5.17) spell it so
-            sd[new] = sd.pop(old)
+    sd = transformers_layout.match_model_names(transformers_layout.from_released(released), hf.state_dict())
     missing, unexpected = hf.load_state_dict(sd, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"transformers model: missing {missing[:5]}, unexpected {unexpected[:5]}")

@@ -49,6 +49,8 @@ _TOP = {
     "model.llm.embed_norm.weight": "embed_tokens.embed_norm.weight",
     "model.llm.norm.weight": "norm.weight",
 }
+# older transformers releases (seen in 5.17) name the embedding norm `model.embed_norm.weight`
+_TOP_OLD = {"embed_norm.weight": "model.llm.embed_norm.weight"}
 
 
 def deinterleave(w: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,6 +97,17 @@ def from_released(sd: dict[str, torch.Tensor], prefix: str = "model.") -> dict[s
     return out
 
 
+def match_model_names(sd: dict[str, torch.Tensor], model_keys) -> dict[str, torch.Tensor]:
+    """`from_released` output renamed to the spelling of the installed transformers where it differs
+    (the embedding norm: `model.embed_tokens.embed_norm.weight`, or `model.embed_norm.weight` in older
+    releases). model_keys: the keys of the `InklingForCausalLM` state dict to load into."""
+    keys = set(model_keys)
+    old, new = "model.embed_tokens.embed_norm.weight", "model.embed_norm.weight"
+    if old in sd and old not in keys and new in keys:
+        sd = {(new if n == old else n): w for n, w in sd.items()}
+    return sd
+
+
 def to_released(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers `InklingForCausalLM` / `InklingForConditionalGeneration` text tensors -> released
     names. Vision and audio towers are dropped; tensors that already carry released text names
@@ -116,6 +129,9 @@ def to_released(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         rest = m.group(1) if m else name
         if rest in top_back:
             out[top_back[rest]] = w
+            continue
+        if rest in _TOP_OLD:
+            out[_TOP_OLD[rest]] = w
             continue
         m = re.fullmatch(r"layers\.(\d+)\.(.+)", rest)
         if not m:

@@ -97,6 +97,9 @@ def test_released_reading_of_intermediate_size_by_dense_mlp_idx_alone():
         InklingConfig.from_dict(released(t, mtp={}))
 
 
+@pytest.mark.skipif(tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24),
+                    reason="pins the reading of transformers >= 5.24 (the version the tests are checked with); "
+                           "5.17 reads the released spellings of intermediate_size differently")
 def test_transformers_reads_our_released_config_the_same_way():
     """transformers' own InklingConfig (multimodal, top-level mtp_config) reads the file we write; its text
     config, read back by us, is the same model. This pins the ambiguous intermediate_size to its reading."""

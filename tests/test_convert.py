@@ -267,3 +267,16 @@ def test_convert_test_catches_mutant(mutant, src, ids, hf_logits, tmp_path):
     err = logits_error(tmp_path / "dst", ids, hf_logits, package=pkg)
     print(f"{mutant}: relative L2 error {err:.1e}")
     assert err > 1e3 * BOUND, f"the convert test does not notice '{mutant}'"
+
+
+def test_older_transformers_embed_norm_spelling():
+    """transformers 5.17 (the GPU image's) names the embedding norm `model.embed_norm.weight`; newer ones
+    `model.embed_tokens.embed_norm.weight`. Both convert; match_model_names picks the installed spelling."""
+    from inkling_ref import transformers_layout as tl
+    w = torch.arange(4.0)
+    for name in ("model.embed_norm.weight", "model.embed_tokens.embed_norm.weight"):
+        assert list(tl.to_released({name: w})) == ["model.llm.embed_norm.weight"]
+    sd = tl.from_released({"model.llm.embed_norm.weight": w})
+    assert list(sd) == ["model.embed_tokens.embed_norm.weight"]
+    assert list(tl.match_model_names(sd, ["model.embed_norm.weight"])) == ["model.embed_norm.weight"]
+    assert tl.match_model_names(sd, ["model.embed_tokens.embed_norm.weight"]) == sd

@@ -255,64 +255,23 @@ def test_kv_bytes():
     assert cm.kv_bytes("global", cfg, 3, 9, 4096) == 3 * 4105 * 8 * 128 * 2 * 2
 
 
-# ---------------------------------------------------------------- finite generations and the demo check
+# ---------------------------------------------------------------- the demo check
 
-def cycle_count_pmf(pp, k, tokens):
-    """P(C = c) of the cycles a sequence needs, by recursion over the tokens left (independent of the
-    module's forward DP): a cycle judges min(k, left - 1) drafts and emits a + 1 tokens."""
-    cond = [pp[0]] + [pp[j] / pp[j - 1] if pp[j - 1] > 0 else 0.0 for j in range(1, len(pp))]
-
-    def rec(left):
-        if left == 0:
-            return {0: 1.0}
-        k_eff, out, reach = min(k, left - 1), {}, 1.0
-        for a in range(k_eff + 1):
-            p = reach * ((1 - cond[a]) if a < k_eff else 1.0)         # a leading passes, then a fail / the end
-            reach *= cond[a] if a < k_eff else 0.0
-            for c, q in rec(left - a - 1).items():
-                out[c + 1] = out.get(c + 1, 0.0) + p * q
-        return out
-
-    return rec(tokens)
-
-
-def test_cycles_survival_by_hand_and_by_recursion():
-    assert cm.cycles_survival([1.0] * 4, 4, 10) == [1.0, 1.0]         # 5 + 5 tokens
-    assert cm.cycles_survival([0.0, 0.0], 2, 3) == [1.0, 1.0, 1.0]   # one token per cycle
-    pp = [0.8, 0.5, 0.3]
-    pmf = cycle_count_pmf(pp, 3, 11)
-    surv = cm.cycles_survival(pp, 3, 11)
-    assert surv == pytest.approx([sum(p for c, p in pmf.items() if c > i) for i in range(len(surv))], abs=1e-12)
-    assert sum(pmf.values()) == pytest.approx(1.0)
-
-
-def test_finite_generation_against_enumeration():
-    pp, k, B, new_tokens = [0.7, 0.4], 2, 3, 8
-    cost = {1: 1.0, 2: 1.5, 3: 2.25}                                   # captured sizes of B = 3: 1, 2, 3
-    ms, cycles = cm.finite_generation(cost.__getitem__, pp, k, B, new_tokens)
-    pmf = cycle_count_pmf(pp, k, new_tokens - 1)
-    want_ms = want_cycles = 0.0
-    for cs in itertools.product(pmf, repeat=B):
-        p = math.prod(pmf[c] for c in cs)
-        live = [sum(c > i for c in cs) for i in range(max(cs))]
-        want_ms += p * sum(cost[m] for m in live)
-        want_cycles += p * max(cs)
-    assert ms == pytest.approx(want_ms, rel=1e-12)
-    assert cycles == pytest.approx(want_cycles, rel=1e-12)
-    assert cm.default_batch_sizes(32) == [1, 2, 4, 8, 16, 32] and cm.default_batch_sizes(3) == [1, 2, 3]
-
-
-def demo_engine(rate_scale=1.0):
+def demo_engine(rate_scale=1.0, host_ms=0.1):
+    """cycle_split at B = 1, 4 and k = 0, 1, 2 (cycle_ms 1.0 / 2.0 / 2.5) and the engine's steady rates
+    made to follow B * L / cycle exactly (rate_scale 1), with L per k."""
     e = engine()
+    cyc = {0: 1.0, 1: 2.0, 2: 2.5}
+    e["demo"]["cycle_split"] = [dict(batch=B, k=k, cycle_ms=c, accept_commit_ms=0.02) for B in (1, 4)
+                                for k, c in cyc.items()]
     e2e = []
     for B in (1, 4):
-        e2e.append(dict(engine="fast_graphs", batch=B, k=0, new_tokens=9, tokens_per_s=1.0,
-                        decode_tokens_per_s=B / 1.0e-3, acceptance_length=1.0))
-        for k, L, cyc in ((1, 1.8, 2.0), (2, 2.4, 2.5)):
+        for k, L in ((0, 1.0), (1, 1.8), (2, 2.4)):
+            rate = (rate_scale if k else 1.0) * B * L / (cyc[k] * 1e-3)
             e2e.append(dict(engine="fast_graphs", batch=B, k=k, new_tokens=9, tokens_per_s=1.0,
-                            decode_tokens_per_s=rate_scale * B * L / (cyc * 1e-3), acceptance_length=L))
-    e2e.append(dict(engine="fast_eager", batch=1, k=1, new_tokens=9, tokens_per_s=1.0,
-                    decode_tokens_per_s=None, acceptance_length=None))
+                            steady_tokens_per_s=rate, steady_acceptance_length=L,
+                            steady_ms_per_cycle=cyc[k] + host_ms))
+    e2e.append(dict(engine="fast_eager", batch=1, k=1, new_tokens=9, tokens_per_s=1.0))   # other engines: ignored
     e["demo"]["end_to_end"] = e2e
     return e
 
@@ -320,17 +279,23 @@ def demo_engine(rate_scale=1.0):
 def test_demo_validation():
     rows = cm.demo_validation(demo_engine(), CURVES)
     assert [(r["batch"], r["k"]) for r in rows] == [(1, 1), (1, 2), (4, 1), (4, 2)]
-    for r in rows:                                   # measured = the steady formula: zero steady error
-        assert r["err_steady"] == pytest.approx(0.0, abs=1e-12)
-        assert r["speedup_measured"] == pytest.approx(r["speedup_steady"])
+    for r in rows:                                   # measured = the formula: zero error
+        assert r["err"] == pytest.approx(0.0, abs=1e-12)
+        assert r["speedup_measured"] == pytest.approx(r["L_engine"] * 1.0 / r["cycle_ms"])
+        assert r["host_ms"] == pytest.approx(0.1) and r["host0_ms"] == pytest.approx(0.1)
+        # the curve's L instead of the engine's: the error is the ratio of the two
+        assert r["err_curve"] == pytest.approx(r["L_curve"] / r["L_engine"] - 1)
     rows = cm.demo_validation(demo_engine(rate_scale=0.8), CURVES)
-    assert all(r["err_steady"] == pytest.approx(0.25) for r in rows)
-    # finite, by hand: k = 2, drafts always accepted, 9 tokens = prefill's 1 + 3 cycles of 3 at 2.5 ms
-    r = cm.demo_validation(demo_engine(), {1: [1.0], 2: [1.0, 1.0]})[1]
-    assert (r["batch"], r["k"]) == (1, 2)
-    assert r["cycles"] == pytest.approx(3.0)
-    assert r["speedup_finite"] == pytest.approx(9 / 7.5e-3 / 1e3)
+    assert all(r["err"] == pytest.approx(0.25) for r in rows)
     e = demo_engine()
     e["demo"]["end_to_end"] = [r for r in e["demo"]["end_to_end"] if not (r["batch"] == 4 and r["k"] == 0)]
     with pytest.raises(ValueError, match=r"no 'fast_graphs' row at \(batch, k\) = \(4, 0\)"):
+        cm.demo_validation(e, CURVES)
+    e = demo_engine()
+    e["demo"]["cycle_split"] = [r for r in e["demo"]["cycle_split"] if not (r["batch"] == 1 and r["k"] == 0)]
+    with pytest.raises(ValueError, match="no k = 0 row at batch 1"):
+        cm.demo_validation(e, CURVES)
+    e = demo_engine()
+    del e["demo"]["end_to_end"][1]["steady_tokens_per_s"]
+    with pytest.raises(ValueError, match="steady_tokens_per_s"):
         cm.demo_validation(e, CURVES)

@@ -46,7 +46,8 @@ def hf_model(ref_model):
     hc._attn_implementation = "eager"
     hf = InklingForCausalLM(hc).to(torch.float64).eval()
     released = {to_released(n): p.detach() for n, p in ref_model.named_parameters()}
-    hf.load_state_dict(transformers_layout.from_released(released), strict=True)
+    sd = transformers_layout.match_model_names(transformers_layout.from_released(released), hf.state_dict())
+    hf.load_state_dict(sd, strict=True)
     return hf
 
 
