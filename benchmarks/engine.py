@@ -3,6 +3,7 @@
     python benchmarks/engine.py                    # H200: every section (about 5 minutes)
     python benchmarks/engine.py demo head          # only some sections (the JSON keeps the others)
     python benchmarks/engine.py --dry              # CPU, TRITON_INTERPRET=1: tiny sizes, no timing
+    python benchmarks/engine.py --report           # rewrite engine.md and the plots from engine.json
 
 Sections (docs/benchmarks/engine.md explains each table; the JSON layout is what
 inkling_fast.cost_model reads):
@@ -618,6 +619,12 @@ def plots(res: dict, folder: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if "--report" in argv:
+        res = json.loads(OUT_JSON.read_text())
+        write_markdown(res, OUT_JSON.parent / "engine.md")
+        plots(res, OUT_JSON.parent)
+        log(f"wrote {OUT_JSON.parent / 'engine.md'} and its plots from {OUT_JSON}")
+        return
     names = [a for a in argv if not a.startswith("--")]
     sections = {"demo": run_demo, "head": run_head, "layers": run_layers}
     bad = [n for n in names if n not in sections]
