@@ -418,17 +418,19 @@ def chain_check(costs: Costs, engine: dict) -> list[dict]:
 
 def demo_validation(engine: dict, curves: dict[int, list[float]], engine_name: str = "fast_graphs") -> list[dict]:
     """The model's cycle formula against the demo engine's measured speedups, per (batch, k >= 1) of
-    demo.cycle_split (which must also hold k = 0 at that batch).
+    demo.cycle_split.
 
-    Measured (end_to_end rows of `engine_name`, steady state: the cycles that ran all B sequences):
-        speedup = steady_tokens_per_s(B, k) / steady_tokens_per_s(B, 0)
+    Measured, from the end_to_end rows of `engine_name`:
+        speedup = rate(B, k) / rate(B, 0)
+      rate: steady_tokens_per_s (the cycles that ran all B sequences) where the run recorded it,
+      else decode_tokens_per_s (basis "decode": generate's time less a separately timed prefill).
     Predicted, with the true-scale formula tokens/s = B * L / cycle and cycle_ms from the split:
-        speedup = L * cycle_ms(B, 0) / cycle_ms(B, k)
-      with L = steady_acceptance_length of the same run (`err`, held to the target: this checks the
-      cycle-time part of the model, the part that carries over to true scale), and with L from the
-      acceptance curve of demo_acceptance.json (`err_curve`: the curve was measured on other prompts).
-    host_ms: the wall time per steady cycle the engine measured, minus the captured cycle's device time
-    (the host loop's share: the per-cycle copy to the host and the bookkeeping)."""
+        speedup = L * cycle_ms(B, 0) / cycle_ms(B, k)     where the split has k = 0 at that batch,
+        speedup = (B * L / cycle_ms(B, k)) / rate(B, 0)  else (the error is then that of the rate)
+      with L = the engine's own acceptance length in the same run (`err`, held to the target: it
+      checks the cycle-time part of the model, the part that carries over to true scale), and with L
+      from the acceptance curve of demo_acceptance.json (`err_curve`: measured on other prompts).
+    host_ms (steady runs only): the wall time per steady cycle minus the captured cycle's device time."""
     split = _rows(engine, "demo.cycle_split")
     cyc = _grid2(split, "demo.cycle_split", "batch", "k", "cycle_ms")
     e2e = {}
@@ -439,15 +441,17 @@ def demo_validation(engine: dict, curves: dict[int, list[float]], engine_name: s
         key = (_count(r, "batch", where), _count(r, "k", where))
         if key in e2e:
             raise CostModelError(f"demo.end_to_end: two '{engine_name}' rows at (batch, k) = {key}")
-        e2e[key] = dict(rate=_positive(r, "steady_tokens_per_s", where),
-                        L=_positive(r, "steady_acceptance_length", where),
-                        wall_ms=_positive(r, "steady_ms_per_cycle", where))
+        if r.get("steady_tokens_per_s") is not None:
+            e2e[key] = dict(basis="steady", rate=_positive(r, "steady_tokens_per_s", where),
+                            L=_positive(r, "steady_acceptance_length", where),
+                            wall_ms=_positive(r, "steady_ms_per_cycle", where))
+        else:
+            e2e[key] = dict(basis="decode", rate=_positive(r, "decode_tokens_per_s", where),
+                            L=_positive(r, "acceptance_length", where), wall_ms=None)
     out = []
     for (B, k) in sorted(cyc):
         if k == 0:
             continue
-        if (B, 0) not in cyc:
-            raise CostModelError(f"demo.cycle_split has no k = 0 row at batch {B}, needed to validate ({B}, {k})")
         for key in ((B, k), (B, 0)):
             if key not in e2e:
                 raise CostModelError(f"demo.end_to_end has no '{engine_name}' row at (batch, k) = {key}, "
@@ -456,13 +460,16 @@ def demo_validation(engine: dict, curves: dict[int, list[float]], engine_name: s
         pp, source = per_position_for_k(curves, k)
         L_curve = acceptance_length(pp)
         measured = meas["rate"] / plain["rate"]
-        ratio = cyc[(B, 0)] / cyc[(B, k)]
-        pred, pred_curve = meas["L"] * ratio, L_curve * ratio
-        out.append(dict(batch=B, k=k, L_engine=meas["L"], L_curve=L_curve, acceptance=source,
-                        cycle_ms=cyc[(B, k)], cycle0_ms=cyc[(B, 0)], speedup_measured=measured,
-                        speedup=pred, err=pred / measured - 1, speedup_curve=pred_curve,
-                        err_curve=pred_curve / measured - 1, host_ms=meas["wall_ms"] - cyc[(B, k)],
-                        host0_ms=plain["wall_ms"] - cyc[(B, 0)]))
+        if (B, 0) in cyc:
+            per_L = cyc[(B, 0)] / cyc[(B, k)]
+        else:
+            per_L = B / (cyc[(B, k)] * 1e-3) / plain["rate"]
+        pred, pred_curve = meas["L"] * per_L, L_curve * per_L
+        out.append(dict(batch=B, k=k, basis=meas["basis"], L_engine=meas["L"], L_curve=L_curve,
+                        acceptance=source, cycle_ms=cyc[(B, k)], cycle0_ms=cyc.get((B, 0)),
+                        speedup_measured=measured, speedup=pred, err=pred / measured - 1,
+                        speedup_curve=pred_curve, err_curve=pred_curve / measured - 1,
+                        host_ms=meas["wall_ms"] - cyc[(B, k)] if meas["wall_ms"] is not None else None))
     return out
 
 

@@ -282,7 +282,7 @@ def test_demo_validation():
     for r in rows:                                   # measured = the formula: zero error
         assert r["err"] == pytest.approx(0.0, abs=1e-12)
         assert r["speedup_measured"] == pytest.approx(r["L_engine"] * 1.0 / r["cycle_ms"])
-        assert r["host_ms"] == pytest.approx(0.1) and r["host0_ms"] == pytest.approx(0.1)
+        assert r["basis"] == "steady" and r["host_ms"] == pytest.approx(0.1)
         # the curve's L instead of the engine's: the error is the ratio of the two
         assert r["err_curve"] == pytest.approx(r["L_curve"] / r["L_engine"] - 1)
     rows = cm.demo_validation(demo_engine(rate_scale=0.8), CURVES)
@@ -292,10 +292,27 @@ def test_demo_validation():
     with pytest.raises(ValueError, match=r"no 'fast_graphs' row at \(batch, k\) = \(4, 0\)"):
         cm.demo_validation(e, CURVES)
     e = demo_engine()
-    e["demo"]["cycle_split"] = [r for r in e["demo"]["cycle_split"] if not (r["batch"] == 1 and r["k"] == 0)]
-    with pytest.raises(ValueError, match="no k = 0 row at batch 1"):
+    del e["demo"]["end_to_end"][1]["steady_acceptance_length"]
+    with pytest.raises(ValueError, match="steady_acceptance_length"):
         cm.demo_validation(e, CURVES)
+
+
+def test_demo_validation_from_decode_rates_without_a_k0_cycle():
+    """Older runs: no steady fields (decode_tokens_per_s and acceptance_length instead) and no k = 0 in
+    the split: the prediction is B * L / cycle_ms(k) over the measured k = 0 rate."""
     e = demo_engine()
-    del e["demo"]["end_to_end"][1]["steady_tokens_per_s"]
-    with pytest.raises(ValueError, match="steady_tokens_per_s"):
+    e["demo"]["cycle_split"] = [r for r in e["demo"]["cycle_split"] if r["k"] > 0]
+    for r in e["demo"]["end_to_end"]:
+        if r["engine"] == "fast_graphs":
+            r["decode_tokens_per_s"] = 0.9 * r.pop("steady_tokens_per_s")  # 10 % host overhead on every rate
+            r["acceptance_length"] = r.pop("steady_acceptance_length")
+            del r["steady_ms_per_cycle"]
+    rows = cm.demo_validation(e, CURVES)
+    assert [(r["batch"], r["k"]) for r in rows] == [(1, 1), (1, 2), (4, 1), (4, 2)]
+    for r in rows:   # predicted rate B L / cycle is 1/0.9 of the measured one; measured k = 0 divides both
+        assert r["basis"] == "decode" and r["host_ms"] is None and r["cycle0_ms"] is None
+        assert r["err"] == pytest.approx(1 / 0.9 - 1)
+        assert r["speedup"] == pytest.approx(r["L_engine"] / r["cycle_ms"] / 0.9)
+    del e["demo"]["end_to_end"][0]["decode_tokens_per_s"]
+    with pytest.raises(ValueError, match="decode_tokens_per_s"):
         cm.demo_validation(e, CURVES)
