@@ -58,7 +58,7 @@ DEV = "cuda" if torch.cuda.is_available() and not DRY else "cpu"
 BF16 = torch.bfloat16
 
 if DRY:
-    GRID = dict(demo_batches=(1, 2), demo_ks=(0, 2), new_tokens=6, prompt_len=24, split_ks=(2,),
+    GRID = dict(demo_batches=(1, 2), demo_ks=(0, 1), new_tokens=4, prompt_len=8, split_ks=(0, 1),
                 eager=((1, 0),), ref=((1, 0),), hf_batches=(1,), head_batches=(1, 2), head_rows=(1, 3),
                 chain_batches=(1,), chain_as=(0, 2), layer_batches=(1, 2), layer_T=(1, 3), context=40)
 else:

@@ -18,8 +18,9 @@ def device() -> str:
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in float64; NaN anywhere in a or b gives inf (never passes a bound)."""
-    a, b = a.double(), b.double()
+    """||a - b|| / ||b|| in float64 (on the CPU); NaN or inf anywhere in a or b gives inf (never passes
+    a bound)."""
+    a, b = a.double().cpu(), b.double().cpu()
     if a.shape != b.shape:
         raise AssertionError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
@@ -28,13 +29,38 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:
-    """Fill t with NaN (floats) in place, so an element the kernel fails to write is caught."""
-    return t.fill_(float("nan"))
+    """Fill t in place with a value no kernel writes (NaN for floats, -7 for integers), so an element
+    the kernel fails to write is caught."""
+    return t.fill_(float("nan") if t.is_floating_point() else -7)
 
 
 def randn(*shape, dtype=torch.float32, device="cpu", gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
-    """Standard normal draws from a CPU generator (reproducible on any device), moved to `device`."""
-    return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+    """Standard normal draws, made where the generator lives (a CPU generator: reproducible on any
+    device; a CUDA one for tensors of gigabytes), moved to `device`."""
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32, device=gen.device)
+    return (x * scale).to(device=device, dtype=dtype)
+
+
+def randint(low: int, high: int, *shape, dtype=torch.float32, device="cpu", gen: torch.Generator) -> torch.Tensor:
+    """Integers in [low, high) as `dtype` (exact in bf16 for small ranges): sums of their products are
+    exact in float32, so equal dot products are true ties whatever the summation order."""
+    return torch.randint(low, high, shape, generator=gen, device=gen.device).to(device=device, dtype=dtype)
+
+
+def run_without_sync_then_capture(step) -> "torch.cuda.CUDAGraph":
+    """GPU only. Run `step()` (compiled and autotuned already) once under
+    torch.cuda.set_sync_debug_mode("error"), where any host synchronization inside raises, then capture
+    it in a CUDA graph (capturing fails on a synchronization too) and return the graph to replay."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
 
 
 def norm_weight(H: int, device, gen: torch.Generator) -> torch.Tensor:

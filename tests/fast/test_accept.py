@@ -4,7 +4,7 @@ vs twin (ragged k_eff, K = 0, every prefix length), errors, and on a GPU the who
 
 import pytest
 import torch
-from fast3_helpers import device, poison, randint, run_without_sync_then_capture  # noqa: F401 (fixture)
+from helpers import device, poison, randint, run_without_sync_then_capture  # noqa: F401 (fixture)
 
 from inkling_fast.kernels.accept import greedy_accept, greedy_accept_torch
 from inkling_fast.kernels.lm_head_argmax import lm_head_argmax

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fast3_helpers import (device, poison, randint, randn, rel_l2,  # noqa: F401 (fixture)
+from helpers import (device, poison, randint, randn, rel_l2,  # noqa: F401 (fixture)
                            run_without_sync_then_capture)
 
 from configs import tiny_config

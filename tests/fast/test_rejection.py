@@ -6,7 +6,7 @@ draft sampling, rejection) at the real vocabulary, under sync-debug "error" and 
 
 import pytest
 import torch
-from fast3_helpers import device, poison, run_without_sync_then_capture  # noqa: F401 (fixture)
+from helpers import device, poison, run_without_sync_then_capture  # noqa: F401 (fixture)
 
 from inkling_fast.kernels.rejection import rejection_sample, rejection_sample_torch
 from inkling_fast.kernels.sampling import sample_tokens, sample_tokens_torch, sampling_probs
