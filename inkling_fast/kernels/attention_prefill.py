@@ -42,7 +42,7 @@ def attention_prefill(q, rel, k_new, v_new, k_cache, v_cache, slot, pos, *, wind
     attention_prep(flat_kv=True)), k_cache/v_cache: [slots, cap, nKV, hd] holding the history before
     each row's first position, slot: int32 [B], pos: int32 [B, T] (-1 = padding; the valid rows of a
     batch row hold consecutive positions). Returns out [B, T, nH, hd]; afterwards the cache holds the
-    keys of each row's last min(cap, n) positions. Two launches (attention, then the cache write)."""
+    keys of each row's last min(cap, n) positions. Three launches (attention, then the cache writes of K and V)."""
     B, T, nH, hd, nKV, cap, E = validate_attention_args(q, rel, k_cache, v_cache, slot, pos, window)
     _check_flat("k_new", k_new, B, T, nKV, hd, q)
     _check_flat("v_new", v_new, B, T, nKV, hd, q)
