@@ -1,4 +1,4 @@
-"""The engine's static, position-addressed state (shared/spec/mtp-cycle.md §4, docs/fast_path.md).
+"""The engine's static, position-addressed state (docs/spec/mtp-cycle.md §4, docs/fast_path.md).
 
 Everything is allocated once, for `slots` sequences of up to `max_seq_len` tokens and up to k drafts
 per cycle; a sequence owns one slot. Rows are addressed by absolute position p: "rollback" is only

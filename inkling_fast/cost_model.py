@@ -36,7 +36,7 @@ class CostModelError(ValueError):
 # ====================================================================== the model's shape (config)
 
 def inkling_small_config() -> dict:
-    """Inkling-Small at true scale, spelled as `inkling_ref.InklingConfig` fields (shared/spec §4).
+    """Inkling-Small at true scale, spelled as `inkling_ref.InklingConfig` fields (docs/spec/inkling-architecture.md §4).
 
     42 layers, every sixth global (5, 11, ..., 41), the first 2 with a dense MLP; 8 MTP depths,
     depths 1 and 3 global."""

@@ -1,6 +1,6 @@
 """`Engine`: batched multi-depth MTP speculative decoding on the fast kernels, replayed as CUDA graphs.
 
-The same loop as `inkling_ref.generate` (shared/spec/mtp-cycle.md), with the same names; what
+The same loop as `inkling_ref.generate` (docs/spec/mtp-cycle.md), with the same names; what
 changes is where the state lives (static position-addressed caches, caches.py) and that one cycle
 is a fixed sequence of kernels over a padded batch, with no host synchronization inside it:
 

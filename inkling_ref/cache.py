@@ -1,6 +1,6 @@
 """Caches of the reference: plain tensors holding every position of the sequence so far.
 
-One idea everywhere (`shared/spec/design.md`): a cache row belongs to an absolute position, and
+One idea everywhere (`docs/spec/design.md`): a cache row belongs to an absolute position, and
 the sequence length is the only thing rollback changes. The reference keeps the *whole* history
 (no ring buffers) so that rollback is a slice: `cache.truncate(n)` keeps positions 0..n-1.
 

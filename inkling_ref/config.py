@@ -1,6 +1,6 @@
 """The Inkling configuration: one flat dataclass, read from either spelling of the config file.
 
-Two spellings exist in the wild (see `shared/spec/inkling-architecture.md`, "Config keys"):
+Two spellings exist in the wild (see `docs/spec/inkling-architecture.md`, "Config keys"):
 
 * the released `config.json`: top level `text_config` + `mtp_config` (+ vision/audio, ignored here),
   with `sconv_kernel_size`, `dense_mlp_idx`, `dense_intermediate_size`, `local_layer_ids`,

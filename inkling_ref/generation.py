@@ -8,7 +8,7 @@ Randomness: with `seed`, sequence i draws its uniforms from its own generator se
 k_eff for sampled drafts (only with draft_sampling="sample"), k_eff for the acceptance tests and
 one for the correction/bonus token. Temperature 0 draws nothing.
 
-Statistics (shared/spec/mtp-cycle.md §6): a cycle is one verify pass with a accepted drafts;
+Statistics (docs/spec/mtp-cycle.md §6): a cycle is one verify pass with a accepted drafts;
 acceptance_length = mean(a + 1), per_position[j] = #(a >= j) / #cycles, conditional[j] =
 #(a >= j) / #(a >= j-1), j = 1..k, over the cycles that used the full k and emitted no EOS.
 """

@@ -1,6 +1,6 @@
 """The multi-depth MTP speculative cycle, as explicit steps on an explicit state (one sequence).
 
-Notation (shared/spec/mtp-cycle.md): committed tokens x_0 .. x_{n-1}; the last one, x_{n-1}, was
+Notation (docs/spec/mtp-cycle.md): committed tokens x_0 .. x_{n-1}; the last one, x_{n-1}, was
 chosen by the trunk and is not yet fed to it ("pending"). H_p is the trunk's post-final-norm hidden
 at position p. k drafts per cycle, made by depths m = 0..k-1 (depth m makes draft d_{m+1}).
 

@@ -4,7 +4,7 @@
     python scripts/train_demo.py --out runs/demo --time-limit-min 8 --export runs/demo/checkpoint
 
 One forward per batch, with the chained teacher-forced semantics of inference
-(`InklingModel.mtp_logits`, shared/spec/mtp-cycle.md §1): the trunk's post-final-norm hidden H
+(`InklingModel.mtp_logits`, docs/spec/mtp-cycle.md §1): the trunk's post-final-norm hidden H
 once, then depth m over rows p = 0..T-2-m with the token x_{p+m+1}, its output feeding depth m+1.
 
     loss = CE(trunk: x_{p+1} | x_{<=p})  +  sum_m w_m * CE(depth m, row p: x_{p+m+2})

@@ -1,5 +1,5 @@
 """An independent computation of the MTP depths, written straight from the spec formulas
-(shared/spec/inkling-architecture.md §1-2) with per-position loops and no shared helpers: tensors
+(docs/spec/inkling-architecture.md §1-2) with per-position loops and no shared helpers: tensors
 are read by their *released* checkpoint names, nothing from inkling_ref's modules is called except
 the trunk hidden H (itself proven against transformers). It must agree with `mtp_logits`, and
 catches what the cycle invariants cannot (both sides of those share the depth module): embed-first

@@ -1,4 +1,4 @@
-"""The greedy MTP cycle pinned by the invariants of shared/spec/mtp-cycle.md §5 (float64, CPU).
+"""The greedy MTP cycle pinned by the invariants of docs/spec/mtp-cycle.md §5 (float64, CPU).
 
 1. lossless greedy (any draft quality, every accept count a in 0..k exercised)
 2. trunk cache == a fresh prefill of the committed tokens, after every cycle

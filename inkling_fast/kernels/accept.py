@@ -1,4 +1,4 @@
-"""Greedy accept / correct / bonus for a batch, on the device (shared/spec/mtp-cycle.md §3.3):
+"""Greedy accept / correct / bonus for a batch, on the device (docs/spec/mtp-cycle.md §3.3):
 
     a[b]          = length of the longest prefix j < k_eff[b] with drafts[b, j] == target[b, j]
     next_token[b] = target[b, a[b]]        the trunk's argmax there: the correction, or the bonus if a = k_eff
