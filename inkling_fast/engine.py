@@ -32,6 +32,7 @@ for the same seed, token for token.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from collections import deque
@@ -99,7 +100,8 @@ class Engine:
     """Batched speculative decoding with k = `num_speculative_tokens` MTP drafts per cycle.
 
     checkpoint_or_model: a released-layout checkpoint directory or an `InklingModel` (not modified;
-    its weights are copied to `device` in `dtype`). Caches are allocated for `max_batch_size`
+    its weights are copied to `device` in `dtype`), or kernel-ready `weights.ModelWeights` already in
+    `dtype` on `device` (used as they are; e.g. random weights at a scale no host model would fit). Caches are allocated for `max_batch_size`
     sequences of at most `max_seq_len` tokens (prompt + new) and up to k drafts per cycle.
     use_cuda_graphs (default: on CUDA) captures one cycle per batch size in `batch_sizes` (default
     1, 2, 4, ... up to max_batch_size); False runs the same code eagerly (also the CPU interpreter).
@@ -134,8 +136,8 @@ class Engine:
             raise ValueError(f"batch_sizes must be integers in 1..max_batch_size={max_batch_size} including "
                              f"max_batch_size itself, got {batch_sizes!r}")
 
-        model = self._load(checkpoint_or_model, k, dtype, device)
-        cfg = model.config
+        W = self._weights(checkpoint_or_model, k, dtype, device)
+        cfg = W.config
         if max_seq_len > cfg.max_position_embeddings:
             raise ValueError(f"max_seq_len={max_seq_len} is beyond the model's maximum length "
                              f"{cfg.max_position_embeddings} (max_position_embeddings)")
@@ -143,7 +145,7 @@ class Engine:
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.batch_sizes = sorted(set(sizes))
         self.use_cuda_graphs, self.prefill_chunk, self.uniforms = use_cuda_graphs, prefill_chunk, uniforms
-        self.W = weights.from_model(model, k, dtype, device)
+        self.W = W
 
         def cache(block):
             return LayerCache.allocate(block.attn, cfg.hidden_size, cfg.conv_kernel_size, max_batch_size,
@@ -156,17 +158,28 @@ class Engine:
         self.graph_pool = torch.cuda.graph_pool_handle() if use_cuda_graphs else None
 
     @staticmethod
-    def _load(checkpoint_or_model, k: int, dtype: torch.dtype, device) -> InklingModel:
+    def _weights(checkpoint_or_model, k: int, dtype: torch.dtype, device) -> weights.ModelWeights:
+        """The kernel-ready weights of the trunk and the first k MTP depths, in dtype on device."""
+        if isinstance(checkpoint_or_model, weights.ModelWeights):
+            W = checkpoint_or_model
+            if k > len(W.depths):
+                raise ValueError(f"num_speculative_tokens={k} needs {k} MTP depths; the weights have {len(W.depths)}")
+            on = W.embed.device                                          # "cuda" means any index; "cuda:1" that one
+            if W.embed.dtype != dtype or on.type != device.type or device.index not in (None, on.index):
+                raise ValueError(f"the weights are {W.embed.dtype} on {W.embed.device}; the engine was asked for "
+                                 f"{dtype} on {device}")
+            return dataclasses.replace(W, depths=W.depths[:k])
         if isinstance(checkpoint_or_model, InklingModel):
             model = checkpoint_or_model
             if k > model.num_mtp_depths:
                 raise ValueError(f"num_speculative_tokens={k} needs {k} MTP depths; the model has "
                                  f"{model.num_mtp_depths} loaded")
-            return model
-        if not isinstance(checkpoint_or_model, (str, Path)):
-            raise TypeError("checkpoint_or_model must be a checkpoint directory or an inkling_ref.InklingModel, "
-                            f"got {type(checkpoint_or_model).__name__}")
-        return load_checkpoint(checkpoint_or_model, dtype=dtype, device=device, num_mtp_depths=k)
+        elif isinstance(checkpoint_or_model, (str, Path)):
+            model = load_checkpoint(checkpoint_or_model, dtype=dtype, device=device, num_mtp_depths=k)
+        else:
+            raise TypeError("checkpoint_or_model must be a checkpoint directory, an inkling_ref.InklingModel or "
+                            f"inkling_fast.weights.ModelWeights, got {type(checkpoint_or_model).__name__}")
+        return weights.from_model(model, k, dtype, device)
 
     # ================================================================== the cycle (device only)
     @property

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import inkling_ref
-from inkling_fast import Engine
+from inkling_fast import Engine, weights
 from inkling_fast.caches import FIELDS
 from inkling_fast.engine import DecodeMode
 from inkling_ref import InklingConfig, generate, load_checkpoint, random_model, save_checkpoint
@@ -136,6 +136,22 @@ def test_greedy_equals_reference(model, engine4, k):
     assert len(prompt) + N > max(ring_sizes(engine4))
     if k:
         assert max(c.accepted for c in got.cycles[0]) >= 1, "no draft was accepted: the test model is too weak"
+
+
+def test_engine_from_kernel_ready_weights(model):
+    """Engine(ModelWeights) uses the given weights as they are (no copy; only the first k depths get
+    caches) and decodes exactly as the engine built from the model; mismatches are named."""
+    W = weights.from_model(model, 4, torch.float32, torch.device(DEVICE))
+    engine = Engine(W, max_batch_size=1, max_seq_len=24, num_speculative_tokens=2, dtype=torch.float32,
+                    device=DEVICE)
+    assert engine.W.embed is W.embed and len(engine.W.depths) == len(engine.depth_caches) == 2
+    prompt, N = [1, 2, 3, 4, 0], 8
+    got = engine.generate(prompt, max_new_tokens=N)
+    assert_same_result(got, generate(model, prompt, max_new_tokens=N, num_speculative_tokens=2))
+    with pytest.raises(ValueError, match="needs 5 MTP depths; the weights have 4"):
+        Engine(W, 1, 24, 5, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(ValueError, match="the weights are torch.float32 on .*; the engine was asked for torch.bfloat16"):
+        Engine(W, 1, 24, 2, dtype=torch.bfloat16, device=DEVICE)
 
 
 def test_ragged_batch_with_refill_padding_and_eos():
@@ -284,7 +300,8 @@ def test_errors_name_the_problem(model, engine4, tmp_path):
         make(batch_sizes=[1])
     with pytest.raises(ValueError, match="prefill_chunk"):
         make(prefill_chunk=300)
-    with pytest.raises(TypeError, match="checkpoint directory or an inkling_ref.InklingModel"):
+    with pytest.raises(TypeError, match="checkpoint directory, an inkling_ref.InklingModel or "
+                                        "inkling_fast.weights.ModelWeights, got int"):
         Engine(42, 1, 8, 0)
 
     with pytest.raises(ValueError, match="beyond the engine's max_seq_len=24"):
