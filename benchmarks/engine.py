@@ -46,8 +46,8 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 import harness  # noqa: E402
 import true_scale  # noqa: E402
 from inkling_fast import Engine  # noqa: E402
-from inkling_fast import forward  # noqa: E402
-from inkling_fast.caches import LayerCache, SlotState  # noqa: E402
+from inkling_fast import cost_model, forward  # noqa: E402
+from inkling_fast.caches import LayerCache  # noqa: E402
 from inkling_fast.engine import DecodeMode  # noqa: E402
 from inkling_fast.kernels.lm_head_argmax import lm_head_argmax  # noqa: E402
 from inkling_ref import generate, load_checkpoint  # noqa: E402
@@ -76,21 +76,8 @@ def sync():
 
 
 def capture(fn):
-    """(graph, output) of fn captured after two warm-up runs on a side stream (compile, autotune).
-    On CPU (dry run): fn runs once and no graph is made."""
-    if DEV != "cuda":
-        return None, fn()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
+    """harness.capture on the GPU; on the CPU (dry run) fn runs once and no graph is made."""
+    return harness.capture(fn) if DEV == "cuda" else (None, fn())
 
 
 def replay_ms(graph, rep: int = 100) -> float:
@@ -319,25 +306,6 @@ def run_transformers(model, prompts, plain) -> list[dict]:
 
 
 # ============================================================================ true-size MTP head
-def head_engine(W, slots: int, max_seq_len: int, k: int) -> Engine:
-    """An Engine around true-size random head weights (no trunk): enough state for Engine.draft."""
-    cfg = W.config
-    eng = Engine.__new__(Engine)
-    eng.config, eng.k, eng.dtype, eng.device, eng.W = cfg, k, BF16, torch.device(DEV), W
-    eng.max_batch_size, eng.max_seq_len = slots, max_seq_len
-    eng.batch_sizes = sorted(set(GRID["head_batches"] + GRID["chain_batches"]) | {slots})
-    eng.use_cuda_graphs, eng.uniforms, eng.graphs, eng.graph_pool = False, "device", {}, None
-    eng.trunk_caches = []
-    eng.depth_caches = [LayerCache.allocate(d.block.attn, cfg.hidden_size, cfg.conv_kernel_size, slots, max_seq_len,
-                                            k, BF16, DEV) for d in W.depths]
-    eng.state = SlotState.allocate(slots, max_seq_len, k, cfg.hidden_size, BF16, DEV)
-    return eng
-
-
-def kv_bytes(attn, B: int, rows_read: int) -> int:
-    return B * rows_read * attn.num_kv_heads * attn.head_dim * 2 * 2          # K and V, bf16
-
-
 def head_config():
     if DRY:
         return true_scale.inkling_small(hidden_size=64, num_heads=4, num_kv_heads=2, swa_num_heads=4,
@@ -354,7 +322,9 @@ def run_head(res: dict) -> None:
     W = true_scale.random_head(cfg, K8, device=DEV)
     H, V = cfg.hidden_size, cfg.vocab_out
     Bmax = max(g["head_batches"] + g["chain_batches"])
-    eng = head_engine(W, Bmax, ctx + 2 * K8 + 4, K8)
+    eng = Engine(W, max_batch_size=Bmax, max_seq_len=ctx + 2 * K8 + 4, num_speculative_tokens=K8, dtype=BF16,
+                 device=DEV, use_cuda_graphs=False,                   # the benchmark captures its own graphs
+                 batch_sizes=sorted(set(g["head_batches"] + g["chain_batches"])))
     st = eng.state
     st.tokens.random_(0, V)
     st.hidden.normal_()
@@ -363,9 +333,7 @@ def run_head(res: dict) -> None:
 
     def depth_floor(m: int, B: int, T: int) -> int:
         d = W.depths[m]
-        a = d.block.attn
-        rows = min(a.window + T - 1, ctx + T) if a.window is not None else ctx + T
-        return (true_scale.weight_bytes(d) + lm_bytes + kv_bytes(a, B, rows)
+        return (true_scale.weight_bytes(d) + lm_bytes + cost_model.kv_bytes(cfg.mtp_layer_types[m], cfg, B, T, ctx)
                 + B * T * H * 2 * 3)                                     # embedding rows, h in, h out
 
     steps = []
@@ -575,6 +543,11 @@ def plots(res: dict, folder: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def save(fig, path: Path) -> None:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
     demo = res.get("demo")
     if demo:
         fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -588,9 +561,7 @@ def plots(res: dict, folder: Path) -> None:
         ax[1].set(xlabel="k", ylabel="speedup over k = 0", title="speculative speedup")
         ax[1].axhline(1, color="gray", lw=0.8)
         ax[0].legend()
-        fig.tight_layout()
-        fig.savefig(folder / "engine_demo.png", dpi=110)
-        plt.close(fig)
+        save(fig, folder / "engine_demo.png")
     head = res.get("mtp_head")
     if head:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
@@ -601,9 +572,7 @@ def plots(res: dict, folder: Path) -> None:
         ax.plot([r["batch"] for r in rs], [r["floor_ms"] for r in rs], "k--", label="HBM floor, 1 row")
         ax.set(xlabel="batch", ylabel="ms", xscale="log", title="one MTP depth step, Inkling-Small width")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(folder / "engine_head.png", dpi=110)
-        plt.close(fig)
+        save(fig, folder / "engine_head.png")
     lay = res.get("layers")
     if lay:
         fig, ax = plt.subplots(figsize=(6, 3.8))
@@ -615,9 +584,7 @@ def plots(res: dict, folder: Path) -> None:
                     ax.plot([r["T"] for r in rs], [r["ms"] for r in rs], "o" + style, label=f"{kind}, batch {B}")
         ax.set(xlabel="T tokens per sequence", ylabel="ms per layer", yscale="log", title="one Inkling-Small layer")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(folder / "engine_layers.png", dpi=110)
-        plt.close(fig)
+        save(fig, folder / "engine_layers.png")
 
 
 def main(argv: list[str]) -> None:

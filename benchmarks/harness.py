@@ -67,26 +67,31 @@ def bench(fn, sets) -> float:
     return triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=25, rep=200, return_mode="median")
 
 
-def bench_graph(fn, sets) -> float:
-    """Median ms per call when the calls are replayed from a CUDA graph (removes launch gaps).
-    One graph holds one call per input set; time = graph time / number of sets.
+def capture(fn, warmups: int = 2):
+    """(graph, output) of `fn()` captured in a CUDA graph after `warmups` runs (compile, autotune).
 
-    The warm-up runs on a side stream (as graph capture wants), but the sets were built on the
+    The warm-up runs on a side stream (as graph capture wants), but the inputs were built on the
     current stream and may still be in flight there: the side stream must wait for it, or the
     warm-up reads unwritten inputs (a garbage cache slot index is an illegal memory access)."""
-    import triton.testing
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for s in sets:  # warm-up / compile outside the capture
-            fn(*s)
-    torch.cuda.current_stream().wait_stream(stream)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for s in sets:
-            fn(*s)
+        out = fn()
+    return graph, out
+
+
+def bench_graph(fn, sets) -> float:
+    """Median ms per call when the calls are replayed from a CUDA graph (removes launch gaps).
+    One graph holds one call per input set; time = graph time / number of sets."""
+    import triton.testing
+
+    graph, _ = capture(lambda: [fn(*s) for s in sets], warmups=1)
     ms = triton.testing.do_bench(graph.replay, warmup=10, rep=200, return_mode="median")
     return ms / len(sets)
 

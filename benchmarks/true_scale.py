@@ -24,21 +24,15 @@ import torch
 
 from inkling_fast.weights import (AttentionWeights, BlockWeights, DenseWeights, DepthWeights, ModelWeights,
                                   MoEWeights)
+from inkling_fast.cost_model import inkling_small_config
 from inkling_ref import InklingConfig
 
 
 def inkling_small(**changes) -> InklingConfig:
-    """Inkling-Small (spec §4): H 4096, 42 layers (7 global: 5, 11, ..., 41), 32 heads, 8 KV heads on
-    both kinds, head_dim 128, window 512, dense layers 0-1 (16384), MoE 256 x top-6 + 2 shared (2048),
-    mup 16, 8 MTP depths (sliding 0, 2, 4, 5, 6, 7; global 1, 3)."""
-    n = 42
-    d = dict(hidden_size=4096, num_layers=n, num_heads=32, num_kv_heads=8, swa_num_heads=32, swa_num_kv_heads=8,
-             layer_types=["global" if (i + 1) % 6 == 0 else "sliding" for i in range(n)],
-             mlp_types=["dense"] * 2 + ["moe"] * (n - 2), dense_intermediate_size=16384,
-             moe_intermediate_size=2048, mup=16.0, num_mtp_depths=8,
-             mtp_layer_types=["global" if i in (1, 3) else "sliding" for i in range(8)])
-    d.update(changes)
-    return InklingConfig(**d)
+    """Inkling-Small (spec §4, as `inkling_fast.cost_model.inkling_small_config` spells it): H 4096,
+    42 layers (7 global), 32 heads, 8 KV heads, head_dim 128, window 512, dense layers 0-1 (16384),
+    MoE 256 x top-6 + 2 shared (2048), mup 16, 8 MTP depths (global: 1 and 3)."""
+    return InklingConfig(**{**inkling_small_config(), **changes})
 
 
 class _Draw:
