@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import os
 import subprocess
 from dataclasses import dataclass, field
 from typing import Callable
@@ -97,6 +98,9 @@ def bench_graph(fn, sets) -> float:
 
 
 def git_commit() -> str:
+    """HEAD's short hash (+dirty); on a machine whose copy of the tree has no .git, $INKLING_COMMIT."""
+    if os.environ.get("INKLING_COMMIT"):
+        return os.environ["INKLING_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
@@ -118,12 +122,10 @@ def markdown_table(ctx: Context, section: str, rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def header(ctx: Context, command: str) -> str:
-    return (f"GPU: {ctx.device_name}; torch {torch.__version__}; date {datetime.date.today()}; "
-            f"commit {git_commit()}\n\nCommand: `{command}`\n\n"
-            f"Measured device-to-device copy bandwidth (bytes read + written): {ctx.copy_gbps:.0f} GB/s. "
-            "'% of copy BW' = (floor bytes / copy bandwidth) / kernel time. Times are medians of "
-            "`triton.testing.do_bench` over input sets rotated to exceed the 60 MB L2.\n")
+def provenance(ctx: Context, command: str) -> str:
+    """One line: where, when and how a table was measured."""
+    return (f"Measured on {ctx.device_name}, torch {torch.__version__}, {datetime.date.today()}, commit "
+            f"{git_commit()}: `{command}`; copy bandwidth {ctx.copy_gbps:.0f} GB/s.\n")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Run every kernel benchmark (`benchmarks/bench_*.py`) on the GPU and write docs/benchmarks/kernels.md.
 
     python benchmarks/kernels.py                 # all
-    python benchmarks/kernels.py norm swiglu     # only bench_norm.py and bench_swiglu.py
+    python benchmarks/kernels.py norms swiglu    # only bench_norms.py and bench_swiglu.py
+
+Each section of kernels.md carries its own provenance line (GPU, torch, date, commit, command, copy
+bandwidth); a run replaces the sections it measured and keeps the others, with their own lines.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ def main(argv: list[str]) -> None:
         mods.sort(key=lambda m: argv.index(m.stem.removeprefix("bench_")))
     out = HERE.parent / "docs" / "benchmarks" / "kernels.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/kernels.py " + " ".join(argv)
-    parts = []
+    command = ("python benchmarks/kernels.py " + " ".join(argv)).strip()
+    sections = read_sections(out)
     for path in mods:
         spec = importlib.util.spec_from_file_location(path.stem, path)
         mod = importlib.util.module_from_spec(spec)
@@ -42,11 +45,36 @@ def main(argv: list[str]) -> None:
         spec.loader.exec_module(mod)
         rows = mod.run(ctx)
         table = harness.markdown_table(ctx, mod.SECTION, rows)
+        title, _, body = table.partition("\n")
+        table = f"{title}\n\n{harness.provenance(ctx, command)}\n{body}"
         print(table, flush=True)
-        parts.append(table)
+        sections[mod.SECTION] = table
         # written after every section, so a run cut short keeps what it measured
-        out.write_text("# Kernel benchmarks (H200)\n\n" + harness.header(ctx, command.strip()) + "\n" + "\n".join(parts))
-        print(f"wrote {out} ({len(parts)} of {len(mods)} sections)", flush=True)
+        out.write_text(HEADER + "\n" + "\n".join(sections.values()))
+        print(f"wrote {out} (section {mod.SECTION!r})", flush=True)
+
+
+HEADER = """# Kernel benchmarks (H200)
+
+Each table: times are medians of `triton.testing.do_bench` (CUDA events, after warm-up) over input
+sets rotated to exceed the 60 MB L2; '% of copy BW' = (floor bytes / measured device-to-device copy
+bandwidth, bytes read + written) / kernel time; the torch twin is the baseline measured in the same
+run. The line under each title says where, when and how that table was measured.
+"""
+
+
+def read_sections(path: Path) -> dict[str, str]:
+    """The '## ' sections of an existing kernels.md, by title (text up to the next section)."""
+    if not path.exists():
+        return {}
+    sections, title = {}, None
+    for line in path.read_text().splitlines(keepends=True):
+        if line.startswith("## "):
+            title = line[3:].strip()
+            sections[title] = ""
+        if title is not None:
+            sections[title] += line
+    return {t: body.rstrip("\n") + "\n" for t, body in sections.items()}
 
 
 if __name__ == "__main__":

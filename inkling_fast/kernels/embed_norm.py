@@ -5,7 +5,7 @@
                                 (the MTP double norm rms(rms(E[x]; backbone_embed_norm); embed_norm))
 
 e is rounded to the table's dtype before the second norm, as in the reference, where it is a tensor
-of the model dtype. One program per token; fp32 math, weights multiplied in fp32.
+of the model dtype. `launch_config` tokens per program; fp32 math, weights multiplied in fp32.
 
 Token ids outside [0, V) never touch memory outside the table: with `check_ids=False` (the
 engine's sync-free path) their rows come out NaN; with `check_ids=True` the wrapper raises first.
@@ -17,29 +17,37 @@ import torch
 import triton
 import triton.language as tl
 
-from .rms_norm import FLOAT_DTYPES, interpreting, num_warps_for
+from .rms_norm import FLOAT_DTYPES, interpreting
 
 
 @triton.jit
-def _embed_norm_kernel(ids_ptr, table_ptr, w1_ptr, w2_ptr, e_ptr, n_ptr, V, H, table_row, eps,
-                       BLOCK_H: tl.constexpr, SECOND: tl.constexpr, STORE_FIRST: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    tok = tl.load(ids_ptr + row).to(tl.int64)
-    ok = (tok >= 0) & (tok < V)
+def _embed_norm_kernel(ids_ptr, table_ptr, w1_ptr, w2_ptr, e_ptr, n_ptr, N, V, H, table_row, eps,
+                       ROWS: tl.constexpr, BLOCK_H: tl.constexpr, SECOND: tl.constexpr, STORE_FIRST: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # ROWS tokens per program
+    r_in = row < N
+    tok = tl.load(ids_ptr + row, mask=r_in, other=0).to(tl.int64)
+    ok = r_in & (tok >= 0) & (tok < V)
     offs = tl.arange(0, BLOCK_H)
-    mask = offs < H
-    row_mask = offs < tl.where(ok, H, 0)  # (mask & ok), spelled so that the CPU interpreter accepts it
-    x = tl.load(table_ptr + tl.where(ok, tok, 0) * table_row + offs, mask=row_mask, other=0.0).to(tl.float32)
-    w1 = tl.load(w1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    r1 = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
-    e = tl.where(ok, x * r1 * w1, float("nan")).to(table_ptr.dtype.element_ty)
+    h_in = offs < H
+    mask = r_in[:, None] & h_in[None, :]
+    x = tl.load(table_ptr + tl.where(ok, tok, 0)[:, None] * table_row + offs[None, :],
+                mask=ok[:, None] & h_in[None, :], other=0.0).to(tl.float32)
+    w1 = tl.load(w1_ptr + offs, mask=h_in, other=0.0).to(tl.float32)
+    r1 = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)
+    e = tl.where(ok[:, None], x * r1[:, None] * w1[None, :], float("nan")).to(table_ptr.dtype.element_ty)
     if STORE_FIRST:
-        tl.store(e_ptr + row * H + offs, e, mask=mask)
+        tl.store(e_ptr + row[:, None] * H + offs[None, :], e, mask=mask)
     if SECOND:
         ef = e.to(tl.float32)
-        w2 = tl.load(w2_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        r2 = tl.rsqrt(tl.sum(ef * ef, axis=0) / H + eps)
-        tl.store(n_ptr + row * H + offs, (ef * r2 * w2).to(table_ptr.dtype.element_ty), mask=mask)
+        w2 = tl.load(w2_ptr + offs, mask=h_in, other=0.0).to(tl.float32)
+        r2 = tl.rsqrt(tl.sum(ef * ef, axis=1) / H + eps)
+        tl.store(n_ptr + row[:, None] * H + offs[None, :], (ef * r2[:, None] * w2[None, :]).to(table_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def launch_config(H: int, n_rows: int) -> tuple[int, int]:
+    """(tokens per program, num_warps)."""
+    return 1, max(1, min(16, triton.next_power_of_2(H) // 512))
 
 
 def embed_norm_torch(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -110,10 +118,12 @@ def embed_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps
     if flat.numel() > 0:
         e_buf = out if store_first else out2  # unused by the kernel when STORE_FIRST is off
         n_buf = out2 if second else out       # unused by the kernel when SECOND is off
-        block = triton.next_power_of_2(H)
-        _embed_norm_kernel[(flat.numel(),)](flat, table, weight, weight2 if second else weight, e_buf, n_buf,
-                                            V, H, table.stride(0), float(eps), BLOCK_H=block, SECOND=second,
-                                            STORE_FIRST=store_first, num_warps=num_warps_for(block))
+        N = flat.numel()
+        rows, warps = launch_config(H, N)
+        _embed_norm_kernel[(triton.cdiv(N, rows),)](flat, table, weight, weight2 if second else weight, e_buf, n_buf,
+                                                    N, V, H, table.stride(0), float(eps), ROWS=rows,
+                                                    BLOCK_H=triton.next_power_of_2(H), SECOND=second,
+                                                    STORE_FIRST=store_first, num_warps=warps)
     if not second:
         return out
     return (out if store_first else None), out2

@@ -3,9 +3,9 @@
     c = [ rms(h_prev; hidden_norm) | rms(rms(E[x]; backbone_embed_norm); embed_norm) ]   [N, 2H]
           hidden FIRST                embedding second (double-normed)
 
-Grid (N, 2): program (i, 0) norms row i of h_prev into c[i, :H]; program (i, 1) gathers E[x_i],
+Grid (N / rows, 2): program (i, 0) norms rows of h_prev into c[:, :H]; program (i, 1) gathers E[x],
 norms it twice (the first result rounded to the model dtype, as the reference's trunk embedding
-is a model-dtype tensor) and writes c[i, H:]. fp32 math, weights multiplied in fp32.
+is a model-dtype tensor) and writes c[:, H:]. fp32 math, weights multiplied in fp32.
 Out-of-range ids: NaN in c[i, H:] when check_ids=False, an error when True (see embed_norm.py).
 """
 
@@ -15,32 +15,41 @@ import torch
 import triton
 import triton.language as tl
 
-from .rms_norm import FLOAT_DTYPES, interpreting, num_warps_for
+from .rms_norm import FLOAT_DTYPES, interpreting
 
 
 @triton.jit
-def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, V, H, h_row, table_row,
-                      c_row, eps, BLOCK_H: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, N, V, H, h_row, table_row,
+                      c_row, eps, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # ROWS rows per program
     half = tl.program_id(1)
+    r_in = row < N
     offs = tl.arange(0, BLOCK_H)
-    mask = offs < H
+    h_in = offs < H
+    mask = r_in[:, None] & h_in[None, :]
     if half == 0:
-        x = tl.load(h_ptr + row * h_row + offs, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(wh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
-        tl.store(c_ptr + row * c_row + offs, (x * r * w).to(c_ptr.dtype.element_ty), mask=mask)
+        x = tl.load(h_ptr + row[:, None] * h_row + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(wh_ptr + offs, mask=h_in, other=0.0).to(tl.float32)
+        r = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)
+        tl.store(c_ptr + row[:, None] * c_row + offs[None, :], (x * r[:, None] * w[None, :]).to(c_ptr.dtype.element_ty),
+                 mask=mask)
     else:
-        tok = tl.load(ids_ptr + row).to(tl.int64)
-        ok = (tok >= 0) & (tok < V)
-        row_mask = offs < tl.where(ok, H, 0)  # (mask & ok), spelled so that the CPU interpreter accepts it
-        x = tl.load(table_ptr + tl.where(ok, tok, 0) * table_row + offs, mask=row_mask, other=0.0).to(tl.float32)
-        wb = tl.load(wb_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        r1 = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
-        e = tl.where(ok, x * r1 * wb, float("nan")).to(c_ptr.dtype.element_ty).to(tl.float32)
-        we = tl.load(we_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        r2 = tl.rsqrt(tl.sum(e * e, axis=0) / H + eps)
-        tl.store(c_ptr + row * c_row + H + offs, (e * r2 * we).to(c_ptr.dtype.element_ty), mask=mask)
+        tok = tl.load(ids_ptr + row, mask=r_in, other=0).to(tl.int64)
+        ok = r_in & (tok >= 0) & (tok < V)
+        x = tl.load(table_ptr + tl.where(ok, tok, 0)[:, None] * table_row + offs[None, :],
+                    mask=ok[:, None] & h_in[None, :], other=0.0).to(tl.float32)
+        wb = tl.load(wb_ptr + offs, mask=h_in, other=0.0).to(tl.float32)
+        r1 = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)
+        e = tl.where(ok[:, None], x * r1[:, None] * wb[None, :], float("nan")).to(c_ptr.dtype.element_ty).to(tl.float32)
+        we = tl.load(we_ptr + offs, mask=h_in, other=0.0).to(tl.float32)
+        r2 = tl.rsqrt(tl.sum(e * e, axis=1) / H + eps)
+        tl.store(c_ptr + row[:, None] * c_row + H + offs[None, :],
+                 (e * r2[:, None] * we[None, :]).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_config(H: int, n_rows: int) -> tuple[int, int]:
+    """(rows per program, num_warps)."""
+    return 1, max(1, min(16, triton.next_power_of_2(H) // 512))
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
@@ -108,8 +117,9 @@ def mtp_input(h_prev: torch.Tensor, ids: torch.Tensor, table: torch.Tensor, hidd
                          "as [rows, H] without a copy") from None
     N = h2.shape[0]
     if N > 0:
-        block = triton.next_power_of_2(H)
-        _mtp_input_kernel[(N, 2)](h2, ids.reshape(-1), table, hidden_norm, backbone_embed_norm, embed_norm, out,
-                                  V, H, h2.stride(0), table.stride(0), 2 * H, float(eps),
-                                  BLOCK_H=block, num_warps=num_warps_for(block))
+        rows, warps = launch_config(H, N)
+        _mtp_input_kernel[(triton.cdiv(N, rows), 2)](h2, ids.reshape(-1), table, hidden_norm, backbone_embed_norm,
+                                                     embed_norm, out, N, V, H, h2.stride(0), table.stride(0), 2 * H,
+                                                     float(eps), ROWS=rows, BLOCK_H=triton.next_power_of_2(H),
+                                                     num_warps=warps)
     return out

@@ -1,4 +1,4 @@
-"""RMSNorm, and residual-add fused with RMSNorm: one program per row, the row held in registers.
+"""RMSNorm, and residual-add fused with RMSNorm: whole rows held in registers, `launch_config` rows per program.
 
     rms_norm:      y = x * rsqrt(mean(x^2) + eps) * w
     add_rms_norm:  s = x + residual  (rounded to the model dtype: the new residual stream)
@@ -20,30 +20,34 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, H, x_row, y_row, eps, BLOCK_H: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, N, H, x_row, y_row, eps, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # ROWS rows per program
     offs = tl.arange(0, BLOCK_H)
-    mask = offs < H
-    x = tl.load(x_ptr + row * x_row + offs, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
-    tl.store(y_ptr + row * y_row + offs, (x * r * w).to(y_ptr.dtype.element_ty), mask=mask)
+    h_in = offs < H
+    mask = (row < N)[:, None] & h_in[None, :]
+    x = tl.load(x_ptr + row[:, None] * x_row + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=h_in, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)                       # [ROWS]
+    tl.store(y_ptr + row[:, None] * y_row + offs[None, :], (x * r[:, None] * w[None, :]).to(y_ptr.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, s_ptr, y_ptr, H, x_row, res_row, s_row, y_row, eps,
-                         BLOCK_H: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, s_ptr, y_ptr, N, H, x_row, res_row, s_row, y_row, eps,
+                         ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     offs = tl.arange(0, BLOCK_H)
-    mask = offs < H
-    x = tl.load(x_ptr + row * x_row + offs, mask=mask, other=0.0).to(tl.float32)
-    res = tl.load(res_ptr + row * res_row + offs, mask=mask, other=0.0).to(tl.float32)
+    h_in = offs < H
+    mask = (row < N)[:, None] & h_in[None, :]
+    x = tl.load(x_ptr + row[:, None] * x_row + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    res = tl.load(res_ptr + row[:, None] * res_row + offs[None, :], mask=mask, other=0.0).to(tl.float32)
     s = (x + res).to(s_ptr.dtype.element_ty)  # the residual stream is kept in the model dtype
-    tl.store(s_ptr + row * s_row + offs, s, mask=mask)
+    tl.store(s_ptr + row[:, None] * s_row + offs[None, :], s, mask=mask)
     sf = s.to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(sf * sf, axis=0) / H + eps)
-    tl.store(y_ptr + row * y_row + offs, (sf * r * w).to(y_ptr.dtype.element_ty), mask=mask)
+    w = tl.load(w_ptr + offs, mask=h_in, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(sf * sf, axis=1) / H + eps)
+    tl.store(y_ptr + row[:, None] * y_row + offs[None, :], (sf * r[:, None] * w[None, :]).to(y_ptr.dtype.element_ty),
+             mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,9 +75,10 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def num_warps_for(block: int) -> int:
-    """Warps for a one-row-per-program kernel: about 16 elements per thread."""
-    return max(1, min(16, block // 512))
+def launch_config(H: int, n_rows: int) -> tuple[int, int]:
+    """(rows per program, num_warps) of the row kernels of this module (BLOCK_H = next power of 2 of H)."""
+    block = triton.next_power_of_2(H)
+    return 1, max(1, min(16, block // 512))
 
 
 def _check_row_tensor(name: str, t: torch.Tensor, H: int, device: torch.device, dtype: torch.dtype,
@@ -131,9 +136,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     _check_row_tensor("out", out, H, x.device, x.dtype, x.shape)
     x2, y2 = _rows("x", x, H), _rows("out", out, H)
     if x2.shape[0] > 0:
-        block = triton.next_power_of_2(H)
-        _rms_norm_kernel[(x2.shape[0],)](x2, weight, y2, H, x2.stride(0), y2.stride(0), float(eps),
-                                         BLOCK_H=block, num_warps=num_warps_for(block))
+        N = x2.shape[0]
+        rows, warps = launch_config(H, N)
+        _rms_norm_kernel[(triton.cdiv(N, rows),)](x2, weight, y2, N, H, x2.stride(0), y2.stride(0), float(eps),
+                                                  ROWS=rows, BLOCK_H=triton.next_power_of_2(H), num_warps=warps)
     return out
 
 
@@ -158,8 +164,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     x2, r2 = _rows("x", x, H), _rows("residual", residual, H)
     s2, y2 = _rows("out_sum", out_sum, H), _rows("out", out, H)
     if x2.shape[0] > 0:
-        block = triton.next_power_of_2(H)
-        _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, s2, y2, H, x2.stride(0), r2.stride(0),
-                                             s2.stride(0), y2.stride(0), float(eps),
-                                             BLOCK_H=block, num_warps=num_warps_for(block))
+        N = x2.shape[0]
+        rows, warps = launch_config(H, N)
+        _add_rms_norm_kernel[(triton.cdiv(N, rows),)](x2, r2, weight, s2, y2, N, H, x2.stride(0), r2.stride(0),
+                                                      s2.stride(0), y2.stride(0), float(eps), ROWS=rows,
+                                                      BLOCK_H=triton.next_power_of_2(H), num_warps=warps)
     return out_sum, out

@@ -35,21 +35,24 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @triton.jit
 def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_ptr,
-                       T, C, R, n_slots,
+                       N, T, C, R, n_slots,
                        sx_b, sx_t, sr_s, sr_r, sw_c, sw_k, sp_b, sp_t, sres_b, sres_t, so_b, so_t,
-                       K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+                       K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                        HAS_RES: tl.constexpr, COMPUTE: tl.constexpr, WRITE: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    t_in = t < T
+    # A tile is BLOCK_R consecutive rows of the flattened [B * T] row index (rows of several
+    # sequences when T is small: decode and verify windows waste no lanes on padding to a power of
+    # two) by BLOCK_C channels. Row r is (b, t) = (r // T, r % T).
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    r_in = r < N
     c_in = c < C
-    slot = tl.load(slot_ptr + b).to(tl.int64)
+    b = tl.where(r_in, r // T, 0).to(tl.int64)
+    t = r % T
+    slot = tl.load(slot_ptr + b, mask=r_in, other=-1).to(tl.int64)
     slot_ok = (slot >= 0) & (slot < n_slots)
-    p = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=t_in, other=-1)
-    valid = t_in & (p >= 0)
-    # valid & slot_ok, spelled without a block & scalar (which the CPU interpreter mishandles)
-    valid_slot = valid & (t < tl.where(slot_ok, T, 0))
+    p = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=r_in, other=-1)
+    valid = r_in & (p >= 0)
+    valid_slot = valid & slot_ok
     if WRITE:
         # a ring row takes the LAST position of this call that maps to it: skip row t when row t + R
         # (position p + R, same ring row) is in the call too (valid rows are one consecutive run)
@@ -59,11 +62,11 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
         x_mask = valid
     else:
         x_mask = keep  # the write-only launch reads just the rows it writes
-    x_cur = tl.load(x_ptr + b * sx_b + t.to(tl.int64)[:, None] * sx_t + c[None, :],
-                    mask=x_mask[:, None] & c_in[None, :], other=0.0)
+    x_row = b * sx_b + t.to(tl.int64) * sx_t
+    x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=x_mask[:, None] & c_in[None, :], other=0.0)
 
     if COMPUTE:
-        conv = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+        conv = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
         for j in tl.static_range(K):
             d = K - 1 - j  # a constexpr: tap j reads position p - d
             w_j = tl.load(w_ptr + c * sw_c + j * sw_k, mask=c_in, other=0.0).to(tl.float32)
@@ -75,27 +78,27 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
                 p_prev = tl.load(pos_ptr + b * sp_b + tp * sp_t, mask=valid & (tp >= 0), other=-2)
                 from_x = valid & (q >= 0) & (p_prev == q)  # position q is row t - d of x
                 from_ring = valid_slot & (q >= 0) & (p_prev != q)
-                vx = tl.load(x_ptr + b * sx_b + tp.to(tl.int64)[:, None] * sx_t + c[None, :],
+                vx = tl.load(x_ptr + (x_row - d * sx_t)[:, None] + c[None, :],
                              mask=from_x[:, None] & c_in[None, :], other=0.0)
-                row = (tl.where(from_ring, q, 0) % R).to(tl.int64)
-                vr = tl.load(ring_ptr + slot * sr_s + row[:, None] * sr_r + c[None, :],
+                ring_row = slot * sr_s + (tl.where(from_ring, q, 0) % R).to(tl.int64) * sr_r
+                vr = tl.load(ring_ptr + ring_row[:, None] + c[None, :],
                              mask=from_ring[:, None] & c_in[None, :], other=0.0)
                 v = vx.to(tl.float32) + vr.to(tl.float32)  # at most one of the two is loaded, else 0
             conv += v * w_j[None, :]
         y = x_cur.to(tl.float32) + conv
         if HAS_RES:
-            res = tl.load(res_ptr + b * sres_b + t.to(tl.int64)[:, None] * sres_t + c[None, :],
-                          mask=valid[:, None] & c_in[None, :], other=0.0)
+            res_row = b * sres_b + t.to(tl.int64) * sres_t
+            res = tl.load(res_ptr + res_row[:, None] + c[None, :], mask=valid[:, None] & c_in[None, :], other=0.0)
             y = y.to(out_ptr.dtype.element_ty).to(tl.float32) + res.to(tl.float32)
-        y = tl.where(slot_ok, y, float("nan"))    # a bad slot (unchecked): visible, and no memory touched
+        y = tl.where(slot_ok[:, None], y, float("nan"))  # a bad slot (unchecked): visible, no memory touched
         y = tl.where(valid[:, None], y, 0.0)
-        tl.store(out_ptr + b * so_b + t.to(tl.int64)[:, None] * so_t + c[None, :],
-                 y.to(out_ptr.dtype.element_ty), mask=t_in[:, None] & c_in[None, :])
+        out_row = b * so_b + t.to(tl.int64) * so_t
+        tl.store(out_ptr + out_row[:, None] + c[None, :], y.to(out_ptr.dtype.element_ty),
+                 mask=r_in[:, None] & c_in[None, :])
 
     if WRITE:
-        row = (tl.where(keep, p, 0) % R).to(tl.int64)
-        tl.store(ring_ptr + slot * sr_s + row[:, None] * sr_r + c[None, :], x_cur,
-                 mask=keep[:, None] & c_in[None, :])
+        ring_row = slot * sr_s + (tl.where(keep, p, 0) % R).to(tl.int64) * sr_r
+        tl.store(ring_ptr + ring_row[:, None] + c[None, :], x_cur, mask=keep[:, None] & c_in[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +195,13 @@ def check_indices(slot: torch.Tensor, pos: torch.Tensor, n_slots: int) -> None:
             raise ValueError(msg)
 
 
+def launch_config(n_rows: int, C: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_C, num_warps) for n_rows = B * T flattened rows of C channels."""
+    block_c = min(triton.next_power_of_2(C), 256)
+    block_r = min(max(triton.next_power_of_2(n_rows), 2), max(2, 4096 // block_c))
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
+
+
 def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
                residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
                check: bool = True) -> torch.Tensor:
@@ -241,14 +251,13 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
             raise RuntimeError("check=True syncs with the device; pass check=False inside a CUDA graph")
         check_indices(slot, pos, S)
 
-    block_c = min(triton.next_power_of_2(C), 256)
-    block_t = min(max(triton.next_power_of_2(T), 2), max(2, 2048 // block_c))
+    block_r, block_c, num_warps = launch_config(B * T, C)
     res = residual if residual is not None else x  # unused by the kernel when HAS_RES is off
-    args = (x, ring, w2, slot, pos, res, out, T, C, R, S,
+    args = (x, ring, w2, slot, pos, res, out, B * T, T, C, R, S,
             x.stride(0), x.stride(1), ring.stride(0), ring.stride(1), w2.stride(0), w2.stride(1),
             pos.stride(0), pos.stride(1), res.stride(0), res.stride(1), out.stride(0), out.stride(1))
-    grid = (B, triton.cdiv(T, block_t), triton.cdiv(C, block_c))
-    meta = dict(K=K, BLOCK_T=block_t, BLOCK_C=block_c, HAS_RES=residual is not None, num_warps=4)
+    grid = (triton.cdiv(B * T, block_r), triton.cdiv(C, block_c))
+    meta = dict(K=K, BLOCK_R=block_r, BLOCK_C=block_c, HAS_RES=residual is not None, num_warps=num_warps)
     if T + K - 1 <= R:  # the rows this call reads and the rows it writes are disjoint: one launch
         _short_conv_kernel[grid](*args, COMPUTE=True, WRITE=True, **meta)
     else:               # they may overlap: every read first, then the writes
