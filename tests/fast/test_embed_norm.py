@@ -3,8 +3,9 @@
 import pytest
 import torch
 from configs import tiny_config
-from helpers import TOL, device, norm_weight, poison, randn, rel_l2  # noqa: F401 (fixture)
+from helpers import TOL, device, norm_weight, poison, randn, rel_l2, rows_per_program  # noqa: F401 (fixture)
 
+import inkling_fast.kernels.embed_norm as module
 from inkling_fast.kernels.embed_norm import embed_norm, embed_norm_torch
 from inkling_ref import random_model
 
@@ -39,10 +40,12 @@ def _inputs(device, dtype, V, H, ids_shape, ids_dtype, seed):
     return g, table, ids
 
 
+@pytest.mark.parametrize("rows", [None, 4])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("V,H,ids_shape,ids_dtype", [(97, 40, (3, 5), torch.int64), (61, 72, (7,), torch.int32),
                                                       (13, 300, (2, 3), torch.int32)])
-def test_kernel_matches_twin(device, dtype, V, H, ids_shape, ids_dtype):
+def test_kernel_matches_twin(device, monkeypatch, dtype, V, H, ids_shape, ids_dtype, rows):
+    rows_per_program(monkeypatch, module, rows)
     g, table, ids = _inputs(device, dtype, V, H, ids_shape, ids_dtype, seed=V + H)
     w1, w2 = norm_weight(H, device, g), norm_weight(H, device, g).to(dtype)
     shape = ids_shape + (H,)

@@ -119,6 +119,15 @@ def test_kernel_matches_reference_and_twin(device, dtype, K, R, residual):
     run_schedule(short_conv, dtype, K, R, device, residual, seed=10 * K + R, twin_ring=True)
 
 
+@pytest.mark.parametrize("config", [(2, 16, 1), (4, 32, 2), (16, 8, 1)])
+def test_kernel_any_tile_shape(device, monkeypatch, config):
+    """Tiles of (rows, channels) other than the default: tiles that straddle sequences (rows of the
+    flattened B * T index) and channel tiles that end inside C."""
+    import inkling_fast.kernels.short_conv as module
+    monkeypatch.setattr(module, "launch_config", lambda n_rows, C: config)
+    run_schedule(short_conv, torch.float32, 4, 4 + SPEC_K, device, True, seed=sum(config), twin_ring=True)
+
+
 def test_twin_matches_reference_with_wraparound():
     """The twin on the smallest ring too (its own ring indexing against the flat reference)."""
     run_schedule(short_conv_torch, torch.float32, 4, 4 + SPEC_K, "cpu", True, seed=5)
