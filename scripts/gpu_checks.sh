@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of the project in one device call, in parallel groups (one GPU, 16 CPU cores):
 #   bash scripts/gpu_checks.sh OUT_DIR
+#   GPU_CHECKS_GROUPS="fast1 attention" bash scripts/gpu_checks.sh OUT_DIR   # only some groups
+# Groups: attention fast3 fast1 engine reference sanitizer notebooks (default: all).
 # Writes OUT_DIR/<group>.log per group and OUT_DIR/summary.txt (the last lines of each log).
 # Notebooks under nbval need the wheels of ../shared/device/fetch-notebook-wheels.sh in .whl.
 set -u
@@ -9,8 +11,11 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 T=${GPU_CHECKS_TIMEOUT:-540}
 
+GROUPS_WANTED=" ${GPU_CHECKS_GROUPS:-attention fast3 fast1 engine reference sanitizer notebooks} "
+
 run() {  # run NAME THREADS CMD...
   local name=$1 threads=$2; shift 2
+  [[ "$GROUPS_WANTED" == *" $name "* ]] || return 0
   ( export OMP_NUM_THREADS=$threads; start=$(date +%s)
     timeout "$T" "$@" >"$OUT/$name.log" 2>&1; rc=$?
     echo "[$name] rc=$rc in $(( $(date +%s) - start )) s" >>"$OUT/$name.log" ) &
@@ -26,7 +31,7 @@ run fast1     2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_embed_
 run engine    2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py tests/test_cli.py
 run reference 4  python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/fast --ignore=tests/test_cli.py
 run sanitizer 1  compute-sanitizer --tool memcheck python3 scripts/sanitize_engine.py
-if [ -d .whl ]; then
+if [ -d .whl ] && [[ "$GROUPS_WANTED" == *" notebooks "* ]]; then
   ( python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$PWD/.site" .whl/*.whl >/dev/null 2>&1
     export PYTHONPATH="$PWD/.site:$PYTHONPATH" OMP_NUM_THREADS=2; start=$(date +%s)

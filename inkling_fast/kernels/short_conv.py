@@ -14,6 +14,10 @@ or [C, 1, K]; slot int32 [B]; pos int32 [B, T]. Each row's valid positions form 
 consecutive positions (padding may sit before or after it), and batch rows with valid positions
 use distinct slots.
 
+Tiles: a program takes BLOCK_R consecutive rows of the flattened B * T row index (so decode and
+verify windows, T = 1 or k + 1, fill whole tiles with the rows of several sequences) by BLOCK_C
+channels; `launch_config` picks the tile from host-known sizes.
+
 Races: a call reads ring rows of the K-1 positions before its first one and writes the rows of
 its own positions. When T + K - 1 <= R these rows are all distinct and one launch does both.
 Otherwise (long prefill chunks) the wrapper splits the work in two launches on the stream: first
