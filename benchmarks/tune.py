@@ -7,7 +7,7 @@ For each kernel, each benchmark case of its `bench_*.py` at large sizes, and eac
 configuration, the script checks the kernel against its torch twin (relative L2 <= 1e-2 on one input
 set) and times it the way the benchmarks do (`harness.bench` / `harness.bench_graph`: medians over
 input sets rotated past the L2). Candidates are applied by replacing the module's `launch_config`
-(and, for attention, the split count and `FUSED_MERGE`). It writes OUT_DIR/tune_<kernel>.json (every
+(and, for attention, the split count). It writes OUT_DIR/tune_<kernel>.jsonl (every
 timing) and prints, per case, the best configuration against the current default. The defaults in
 the kernel modules are then set by hand from these tables (docs/benchmarks/tuning.md).
 """
@@ -100,7 +100,7 @@ def tune_attention(gbps, log):
     dev = "cpu" if DRY else "cuda"
     sms = sm_count(torch.device(dev))
     small = dict(nh=4, nkv=2, hd=16, scale=256) if DRY else {}
-    default_cfg, default_fused = mod.launch_config, mod.FUSED_MERGE
+    default_cfg = mod.launch_config
     cfgs = {16: [(64, 4, 3), (64, 4, 4), (128, 4, 3), (32, 4, 4)], 64: [(64, 8, 2), (32, 4, 3), (64, 4, 2)]}
     if DRY:
         cfgs = {16: [(16, 4, 1)], 64: [(16, 4, 1)]}
@@ -115,35 +115,33 @@ def tune_attention(gbps, log):
             sets = harness.rotating_inputs(lambda: ba.make_inputs(base, dev), ba.floor_bytes(base))
         ref = ba._fns(base, **({"nh": 4, "scale": 256} if DRY else {}))[1](*sets[0]).double()
         fl = floor_us(ba.floor_bytes(base), gbps)
-        for fused in (True, False):
-            for cfg in cfgs[16 if T == 1 else 64]:
-                for mult in (1, 2, 4):
-                    S = min(auto * mult, 128) if auto > 1 else (1 if mult == 1 else mult)
-                    c = ba.Case("attention", "global", T, B, ctx, splits=S)
-                    kernel = ba._fns(c, **({"nh": 4, "scale": 256} if DRY else {}))[0]
-                    mod.launch_config = lambda *a, cfg=cfg: cfg
-                    mod.FUSED_MERGE = fused
-                    try:
-                        o = kernel(*sets[0]).double()
-                        err = ((o - ref).norm() / ref.norm()).item() if bool(torch.isfinite(o).all()) else float("inf")
-                        if DRY:
-                            us = 1.0
-                        else:
-                            us = harness.bench_graph(kernel, sets) * 1e3 if err <= 1e-2 else float("nan")
-                    except Exception as e:
-                        err, us = float("inf"), float("nan")
-                        print(f"    {cfg} S={S}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                    finally:
-                        mod.launch_config, mod.FUSED_MERGE = default_cfg, default_fused
-                    rec = dict(kernel="attention", case=base.label, config=[*cfg, S, fused], us=us, err=err,
-                               pct=100 * fl / us if us == us else None, auto_splits=auto)
-                    out.append(rec)
-                    log.write(json.dumps(rec) + "\n")
-                    log.flush()
+        for cfg in cfgs[16 if T == 1 else 64]:
+            for mult in (1, 2, 4):
+                S = min(auto * mult, 128) if auto > 1 else (1 if mult == 1 else mult)
+                c = ba.Case("attention", "global", T, B, ctx, splits=S)
+                kernel = ba._fns(c, **({"nh": 4, "scale": 256} if DRY else {}))[0]
+                mod.launch_config = lambda *a, cfg=cfg: cfg
+                try:
+                    o = kernel(*sets[0]).double()
+                    err = ((o - ref).norm() / ref.norm()).item() if bool(torch.isfinite(o).all()) else float("inf")
+                    if DRY:
+                        us = 1.0
+                    else:
+                        us = harness.bench_graph(kernel, sets) * 1e3 if err <= 1e-2 else float("nan")
+                except Exception as e:
+                    err, us = float("inf"), float("nan")
+                    print(f"    {cfg} S={S}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                finally:
+                    mod.launch_config = default_cfg
+                rec = dict(kernel="attention", case=base.label, config=[*cfg, S], us=us, err=err,
+                           pct=100 * fl / us if us == us else None, auto_splits=auto)
+                out.append(rec)
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
         rows = [r for r in out if r["case"] == base.label and r["us"] == r["us"]]
         best = min(rows, key=lambda r: r["us"])
-        dflt = [r for r in rows if r["config"][:3] == list(default_cfg(16 if T == 1 else 64, 128, torch.bfloat16))
-                and r["config"][3] == auto and r["config"][4] is default_fused]
+        dflt = [r for r in rows if r["config"][:3] == list(default_cfg(16 if T == 1 else 64, 128, torch.bfloat16, auto > 1))
+                and r["config"][3] == auto]
         print(f"  attention {base.label:<28} floor {fl:7.1f} us  default {dflt[0]['us'] if dflt else float('nan'):7.1f} us"
               f"  best {best['us']:7.1f} us ({best['pct']:.0f}%) {best['config']} (auto S={auto})", flush=True)
         del sets

@@ -27,13 +27,8 @@ Kernel design (decided here, see the issue "Fast path II"):
   visible key yet keep m = -inf without producing NaN; padding rows (pos = -1) mask every key and
   store nothing.
 * **Split-KV**: each split writes its normalized partial output and its log-sum-exp (fp32
-  [B, T, nH, S, hd] and [B, T, nH, S]); they are combined with weights 2^(lse_s - max_s lse)
-  (empty splits have lse = -inf and weight 0). With FUSED_MERGE (the default) the last split
-  program of each (batch row, KV head, query tile) to finish, found by an atomic ticket, does the
-  merge: no second launch, which at decode sizes costs as much as a few thousand keys. Otherwise
-  `_merge_kernel` does it in a second launch. S = 1 writes `out` directly. The tickets live in one
-  zeroed buffer per device that each launch leaves zeroed (`merge_tickets`): launches on concurrent
-  streams must not share it.
+  [B, T, nH, S, hd] and [B, T, nH, S]); `_merge_kernel` combines them with weights
+  2^(lse_s - max_s lse) (empty splits have lse = -inf and weight 0). S = 1 writes `out` directly.
   `choose_num_splits` picks S from host-known sizes only (batch, KV heads, the largest possible key
   count, the SM count) so a CUDA graph sees one S per shape: enough programs for two per SM, at
   least MIN_SPLIT_KEYS keys per split.
@@ -65,9 +60,7 @@ _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 LOG2E = 1.4426950408889634
 MIN_SPLIT_KEYS = 128   # fewest keys worth a split of their own
 MAX_SPLITS = 64
-FUSED_MERGE = True     # split-KV partials merged by the last split program (False: a separate merge launch)
 _SM_COUNT: dict = {}
-_TICKETS: dict = {}
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -139,11 +132,11 @@ def _attend_tile(acc, m_i, l_i, q, start, end, b, s, g, d, dmask, rows, row_ok, 
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, rel_ptr, k_ptr, v_ptr, kf_ptr, vf_ptr, out_ptr, part_o_ptr, part_lse_ptr, ticket_ptr, slot_ptr,
-    pos_ptr, T, CAP, E, WINDOW, qk_scale, NUM_SPLITS,
+    q_ptr, rel_ptr, k_ptr, v_ptr, kf_ptr, vf_ptr, out_ptr, part_o_ptr, part_lse_ptr, slot_ptr, pos_ptr,
+    T, CAP, E, WINDOW, qk_scale, NUM_SPLITS,
     NKV: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_WINDOW: tl.constexpr, FLAT_KV: tl.constexpr,
-    SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr,
+    SPLIT: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -206,33 +199,6 @@ def _attention_kernel(
         part = rows * NUM_SPLITS + split
         tl.store(part_o_ptr + part[:, None] * HD + d[None, :], o, mask=omask)
         tl.store(part_lse_ptr + part, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
-        if FUSED_MERGE:
-            # The last of the NUM_SPLITS programs of this (batch row, KV head, query tile) to finish
-            # merges all partials (no second launch). Every thread's partial stores complete before
-            # the ticket (barrier, then a gpu-scope acq_rel atomic); the merging program reads the
-            # partials from L2 (.cg), after its acquire. It resets the ticket for the next launch.
-            tl.debug_barrier()
-            ticket = ticket_ptr + (b * NKV + g) * (tl.num_programs(2) // NUM_SPLITS) + qt
-            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-                base = rows * NUM_SPLITS
-                mx = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-                for sp in range(0, NUM_SPLITS):
-                    mx = tl.maximum(mx, tl.load(part_lse_ptr + base + sp, mask=row_ok, other=float("-inf"),
-                                                cache_modifier=".cg"))
-                mx = tl.where(mx == float("-inf"), 0.0, mx)
-                den = tl.zeros([BLOCK_M], dtype=tl.float32)
-                num = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-                for sp in range(0, NUM_SPLITS):
-                    wt = tl.exp2(tl.load(part_lse_ptr + base + sp, mask=row_ok, other=float("-inf"),
-                                         cache_modifier=".cg") - mx)
-                    o_s = tl.load(part_o_ptr + (base + sp)[:, None] * HD + d[None, :], mask=omask, other=0.0,
-                                  cache_modifier=".cg")
-                    num += wt[:, None] * o_s
-                    den += wt
-                res = num / tl.where(den > 0, den, 1.0)[:, None]
-                tl.store(out_ptr + rows[:, None] * HD + d[None, :],
-                         _round_to(res, out_ptr.dtype.element_ty, INTERPRET), mask=omask)
-                tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
     else:
         tl.store(out_ptr + rows[:, None] * HD + d[None, :], _round_to(o, out_ptr.dtype.element_ty, INTERPRET),
                  mask=omask)
@@ -285,20 +251,6 @@ def choose_num_splits(programs: int, max_keys: int, sms: int) -> int:
     return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(max_keys, MIN_SPLIT_KEYS), MAX_SPLITS))
 
 
-def merge_tickets(n: int, device: torch.device) -> torch.Tensor:
-    """A zeroed int32 buffer of at least n tickets for the fused merge, kept per device: every launch
-    leaves its tickets at 0 again, so one buffer serves every later launch and CUDA-graph replay.
-    It can only be created or grown outside a graph capture."""
-    buf = _TICKETS.get(device)
-    if buf is None or buf.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"attention: {n} merge tickets needed, {0 if buf is None else buf.numel()} "
-                               "allocated; run the call once outside the CUDA graph capture first")
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _TICKETS[device] = buf
-    return buf
-
-
 def validate_attention_args(q, rel, k_cache, v_cache, slot, pos, window):
     """Shared checks of the decode and prefill wrappers; returns (B, T, nH, hd, nKV, cap, E)."""
     _need(isinstance(q, torch.Tensor) and q.dim() == 4, "q: expected [B, T, nH, hd] (attention_prep's q)")
@@ -327,18 +279,22 @@ def validate_attention_args(q, rel, k_cache, v_cache, slot, pos, window):
     return B, T, nH, hd, nKV, cap, E
 
 
-def launch_config(BLOCK_M: int, BLOCK_D: int, dtype: torch.dtype) -> tuple[int, int, int]:
+def launch_config(BLOCK_M: int, BLOCK_D: int, dtype: torch.dtype, split: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages). Chosen from sm_90 compiles at hd = 128 (ptxas -v, bf16):
     M=16: 64/4/3 -> 154 registers, 80 KB shared (2 programs per SM), 16-byte cp.async K/V loads;
     M=32: 64/8/3 -> 200 regs, 94 KB; M=64: 64/8/2 -> 233-255 regs, 98-131 KB, wgmma;
-    M=128: 32/8/2 -> 232 regs, 82 KB, wgmma; none spills. fp32 (IEEE dots run on FMA units, the
-    test path): 16-key tiles, no pipelining, so that the tiles fit shared memory."""
+    M=128: 32/8/2 -> 232 regs, 82 KB, wgmma; none spills. With split-KV (small batches, few keys per
+    program) windows of M = 32 / 64 rows take 32/4/3: measured on the H200 at T = 9 (M = 64), batch 1
+    and 4, contexts 8k and 32k, 1.7-2.4x faster than 64/8/2 (docs/benchmarks/tuning.md). fp32 (IEEE
+    dots run on FMA units, the test path): 16-key tiles, no pipelining, so that the tiles fit shared memory."""
     if dtype == torch.float32:
         return 16, 4 if BLOCK_M <= 16 else 8, 1
     if BLOCK_D <= 32:       # tiny head dims (CI): short tiles so that short contexts span several
         return 16, 4, 2
     if BLOCK_M <= 16:
         return 64, 4, 3
+    if split and BLOCK_M <= 64:
+        return 32, 4, 3
     if BLOCK_M <= 32:
         return 64, 8, 3
     if BLOCK_M <= 64:
@@ -353,28 +309,26 @@ def launch_attention(q, rel, k_cache, v_cache, k_flat, v_flat, slot, pos, window
     G = nH // nKV
     BLOCK_D = max(16, triton.next_power_of_2(hd))
     BLOCK_M = max(16, triton.next_power_of_2(block_t * G))
-    BLOCK_N, num_warps, num_stages = launch_config(BLOCK_M, BLOCK_D, q.dtype)
+    BLOCK_N, num_warps, num_stages = launch_config(BLOCK_M, BLOCK_D, q.dtype, num_splits > 1)
     n_qt = triton.cdiv(T, block_t)
     if B * T == 0:
         return out
     split = num_splits > 1
-    fused = split and FUSED_MERGE
     if split:
         part_o = torch.empty((B, T, nH, num_splits, hd), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((B, T, nH, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out
-    tickets = merge_tickets(B * nKV * n_qt, q.device) if fused else pos
     flat = k_flat is not None
     _attention_kernel[(B, nKV, n_qt * num_splits)](
         q, rel, k_cache, v_cache, k_flat if flat else k_cache, v_flat if flat else v_cache, out, part_o, part_lse,
-        tickets, slot, pos, T, cap, E, window if window is not None else 0, LOG2E / hd, num_splits,
+        slot, pos, T, cap, E, window if window is not None else 0, LOG2E / hd, num_splits,
         NKV=nKV, G=G, HD=hd, BLOCK_T=block_t, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        HAS_WINDOW=window is not None, FLAT_KV=flat, SPLIT=split, FUSED_MERGE=fused,
+        HAS_WINDOW=window is not None, FLAT_KV=flat, SPLIT=split,
         PREC="ieee" if q.dtype == torch.float32 else None, INTERPRET=_INTERPRET,
         num_warps=num_warps, num_stages=num_stages,
     )
-    if split and not fused:
+    if split:
         _merge_kernel[(B * T, nH)](part_o, part_lse, out, pos, num_splits, NH=nH, HD=hd,
                                    BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=BLOCK_D,
                                    INTERPRET=_INTERPRET, num_warps=4)

@@ -46,8 +46,9 @@ def _embed_norm_kernel(ids_ptr, table_ptr, w1_ptr, w2_ptr, e_ptr, n_ptr, N, V, H
 
 
 def launch_config(H: int, n_rows: int) -> tuple[int, int]:
-    """(tokens per program, num_warps)."""
-    return 1, max(1, min(16, triton.next_power_of_2(H) // 512))
+    """(tokens per program, num_warps): one token, 32 elements per thread, at most 8 warps (the fastest
+    on the H200 at H = 4096 / 6144 among 1-4 tokens and 4-16 warps: docs/benchmarks/tuning.md)."""
+    return 1, max(1, min(8, triton.next_power_of_2(H) // 1024))
 
 
 def embed_norm_torch(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -48,8 +48,9 @@ def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, 
 
 
 def launch_config(H: int, n_rows: int) -> tuple[int, int]:
-    """(rows per program, num_warps)."""
-    return 1, max(1, min(16, triton.next_power_of_2(H) // 512))
+    """(rows per program, num_warps): two rows, at most 8 warps (the fastest on the H200 at H = 4096 /
+    6144 among 1-4 rows and 4-16 warps: docs/benchmarks/tuning.md)."""
+    return 2, max(1, min(8, triton.next_power_of_2(H) // 512))
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:

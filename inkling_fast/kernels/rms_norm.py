@@ -76,9 +76,10 @@ def interpreting() -> bool:
 
 
 def launch_config(H: int, n_rows: int) -> tuple[int, int]:
-    """(rows per program, num_warps) of the row kernels of this module (BLOCK_H = next power of 2 of H)."""
-    block = triton.next_power_of_2(H)
-    return 1, max(1, min(16, block // 512))
+    """(rows per program, num_warps) of the row kernels of this module (BLOCK_H = next power of 2 of H):
+    one row, up to 8 warps (16-32 elements per thread); on the H200 at H = 4096 / 6144 this beat 16
+    warps and 2-4 rows per program (docs/benchmarks/tuning.md)."""
+    return 1, max(1, min(8, triton.next_power_of_2(H) // 512))
 
 
 def _check_row_tensor(name: str, t: torch.Tensor, H: int, device: torch.device, dtype: torch.dtype,

@@ -199,11 +199,13 @@ def check_indices(slot: torch.Tensor, pos: torch.Tensor, n_slots: int) -> None:
             raise ValueError(msg)
 
 
-def launch_config(n_rows: int, C: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_C, num_warps) for n_rows = B * T flattened rows of C channels."""
-    block_c = min(triton.next_power_of_2(C), 256)
-    block_r = min(max(triton.next_power_of_2(n_rows), 2), max(2, 4096 // block_c))
-    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
+def launch_config(n_rows: int, C: int, T: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_C, num_warps) for n_rows = B * T flattened rows of C channels. Measured on the
+    H200 (docs/benchmarks/tuning.md): decode and verify windows (T <= 16) are fastest with 4 x 512
+    tiles and 8 warps, prefill chunks with 8 x 256 tiles and 4 warps."""
+    block_r, block_c, warps = (4, 512, 8) if T <= 16 else (8, 256, 4)
+    block_c = min(block_c, max(16, triton.next_power_of_2(C)))
+    return block_r, block_c, max(1, min(warps, block_r * block_c // 256))
 
 
 def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
@@ -255,7 +257,7 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
             raise RuntimeError("check=True syncs with the device; pass check=False inside a CUDA graph")
         check_indices(slot, pos, S)
 
-    block_r, block_c, num_warps = launch_config(B * T, C)
+    block_r, block_c, num_warps = launch_config(B * T, C, T)
     res = residual if residual is not None else x  # unused by the kernel when HAS_RES is off
     args = (x, ring, w2, slot, pos, res, out, B * T, T, C, R, S,
             x.stride(0), x.stride(1), ring.stride(0), ring.stride(1), w2.stride(0), w2.stride(1),

@@ -106,24 +106,6 @@ def test_split_merge_is_stable_for_large_logits():
         assert rel_l2(out, twin) <= 1e-5
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("fused", [True, False], ids=["fused-merge", "merge-launch"])
-def test_split_merge_fused_and_separate(monkeypatch, fused, dtype):
-    """Both ways of merging the split-KV partials (the last split program, or a second launch) match
-    the twin, for several split counts and a window with ragged rows; the fused merge leaves its
-    tickets at zero (the next launch, or a graph replay, starts from a clean buffer)."""
-    import inkling_fast.kernels.attention_decode as module
-    monkeypatch.setattr(module, "FUSED_MERGE", fused)
-    case = build_case(GLOBAL, LENGTHS, [3, 1, 2, 0], 3, dtype=dtype, seed=61)
-    prep, state = prepared(case)
-    twin = attention_decode_torch(prep.q, prep.rel, state["k_cache"], state["v_cache"], case.slot, case.pos)
-    for splits in (2, 3, 7):
-        out = run_kernel(case, prep, state, num_splits=splits)
-        assert rel_l2(out[case.valid], twin[case.valid]) <= TOL[dtype], f"num_splits={splits}"
-        if fused:
-            assert int(module._TICKETS[prep.q.device].abs().sum()) == 0
-
-
 def test_choose_num_splits():
     sms = 132
     assert choose_num_splits(8, 40000, sms) == 33              # B=1 x 8 KV heads: fill 2 programs/SM

@@ -124,7 +124,7 @@ def test_kernel_any_tile_shape(device, monkeypatch, config):
     """Tiles of (rows, channels) other than the default: tiles that straddle sequences (rows of the
     flattened B * T index) and channel tiles that end inside C."""
     import inkling_fast.kernels.short_conv as module
-    monkeypatch.setattr(module, "launch_config", lambda n_rows, C: config)
+    monkeypatch.setattr(module, "launch_config", lambda n_rows, C, T: config)
     run_schedule(short_conv, torch.float32, 4, 4 + SPEC_K, device, True, seed=sum(config), twin_ring=True)
 
 
