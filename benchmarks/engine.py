@@ -431,6 +431,11 @@ def write_markdown(res: dict, path: Path) -> None:
          "", f"Command: `{res['command']}` (writes `docs/benchmarks/engine.json`, this page and its plots).", "",
          f"Measured device-to-device copy bandwidth (bytes read + written): {res['copy_gbps']:.0f} GB/s; floors "
          "below = bytes that must be read / that bandwidth.", ""]
+    runs = res.get("section_runs", {})
+    if runs:
+        L += ["Sections measured by separate runs (the line above is the last run's):", ""]
+        L += [f"- {name}: {r['date']}, commit {r['commit']}, `{r['command']}`, copy bandwidth {r['copy_gbps']:.0f} GB/s"
+              for name, r in sorted(runs.items())] + [""]
     for note in res.get("notes", []):
         L += [f"Note: {note}", ""]
     demo = res.get("demo")
@@ -614,6 +619,7 @@ def main(argv: list[str]) -> None:
         log(f"== {name}")
         t0 = time.perf_counter()
         sections[name](res)
+        res.setdefault("section_runs", {})[name] = {k: res[k] for k in ("date", "commit", "command", "copy_gbps")}
         log(f"== {name} done in {time.perf_counter() - t0:.0f} s")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(res, indent=1))                        # after every section

@@ -416,7 +416,28 @@ def chain_check(costs: Costs, engine: dict) -> list[dict]:
 
 # ====================================================================== demo validation
 
-def demo_validation(engine: dict, curves: dict[int, list[float]], engine_name: str = "fast_graphs") -> list[dict]:
+def host_overhead_ms(engine: dict, engine_name: str = "fast_graphs") -> float | None:
+    """The host loop's time per cycle: the median over the steady end-to-end rows of `engine_name`
+    (every (batch, k) that demo.cycle_split also has) of the wall time per steady cycle minus the
+    captured cycle's device time. None when the run has no steady rows (older benchmark versions)."""
+    cyc = _grid2(_rows(engine, "demo.cycle_split"), "demo.cycle_split", "batch", "k", "cycle_ms")
+    gaps = []
+    for i, r in enumerate(_rows(engine, "demo.end_to_end")):
+        where = f"demo.end_to_end[{i}]"
+        if _get(r, "engine", where) != engine_name or r.get("steady_ms_per_cycle") is None:
+            continue
+        key = (_count(r, "batch", where), _count(r, "k", where))
+        if key in cyc:
+            gaps.append(_positive(r, "steady_ms_per_cycle", where) - cyc[key])
+    if not gaps:
+        return None
+    gaps.sort()
+    n = len(gaps)
+    return gaps[n // 2] if n % 2 else 0.5 * (gaps[n // 2 - 1] + gaps[n // 2])
+
+
+def demo_validation(engine: dict, curves: dict[int, list[float]], engine_name: str = "fast_graphs",
+                    host_ms: float = 0.0) -> list[dict]:
     """The model's cycle formula against the demo engine's measured speedups, per (batch, k >= 1) of
     demo.cycle_split.
 
@@ -430,7 +451,12 @@ def demo_validation(engine: dict, curves: dict[int, list[float]], engine_name: s
       with L = the engine's own acceptance length in the same run (`err`, held to the target: it
       checks the cycle-time part of the model, the part that carries over to true scale), and with L
       from the acceptance curve of demo_acceptance.json (`err_curve`: measured on other prompts).
-    host_ms (steady runs only): the wall time per steady cycle minus the captured cycle's device time."""
+    host_ms (argument): a fixed host time added to every captured cycle (0: the device-only formula
+    of the true-scale model; `host_overhead_ms(engine)`: the run's median host time per cycle, one
+    number for every (batch, k)). Each output row's host_ms (steady runs only) is that row's own wall
+    time per steady cycle minus the captured cycle's device time."""
+    if not isinstance(host_ms, (int, float)) or not host_ms >= 0:
+        raise CostModelError(f"demo_validation: host_ms must be a number >= 0, got {host_ms!r}")
     split = _rows(engine, "demo.cycle_split")
     cyc = _grid2(split, "demo.cycle_split", "batch", "k", "cycle_ms")
     e2e = {}
@@ -461,14 +487,14 @@ def demo_validation(engine: dict, curves: dict[int, list[float]], engine_name: s
         L_curve = acceptance_length(pp)
         measured = meas["rate"] / plain["rate"]
         if (B, 0) in cyc:
-            per_L = cyc[(B, 0)] / cyc[(B, k)]
+            per_L = (cyc[(B, 0)] + host_ms) / (cyc[(B, k)] + host_ms)
         else:
-            per_L = B / (cyc[(B, k)] * 1e-3) / plain["rate"]
+            per_L = B / ((cyc[(B, k)] + host_ms) * 1e-3) / plain["rate"]
         pred, pred_curve = meas["L"] * per_L, L_curve * per_L
         out.append(dict(batch=B, k=k, basis=meas["basis"], L_engine=meas["L"], L_curve=L_curve,
                         acceptance=source, cycle_ms=cyc[(B, k)], cycle0_ms=cyc.get((B, 0)),
                         speedup_measured=measured, speedup=pred, err=pred / measured - 1,
-                        speedup_curve=pred_curve, err_curve=pred_curve / measured - 1,
+                        speedup_curve=pred_curve, err_curve=pred_curve / measured - 1, host_term_ms=host_ms,
                         host_ms=meas["wall_ms"] - cyc[(B, k)] if meas["wall_ms"] is not None else None))
     return out
 

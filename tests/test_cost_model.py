@@ -297,6 +297,31 @@ def test_demo_validation():
         cm.demo_validation(e, CURVES)
 
 
+def test_demo_validation_with_a_host_term():
+    """Rates that follow B * L / (cycle + h): the device-only formula is off by the host share, the
+    formula with host_ms = h is exact, and host_overhead_ms recovers h (the median wall - device gap)."""
+    h = 0.5
+    e = demo_engine(host_ms=h)
+    cyc = {0: 1.0, 1: 2.0, 2: 2.5}
+    for r in e["demo"]["end_to_end"]:
+        if r["engine"] == "fast_graphs":
+            r["steady_tokens_per_s"] = r["batch"] * r["steady_acceptance_length"] / ((cyc[r["k"]] + h) * 1e-3)
+    assert cm.host_overhead_ms(e) == pytest.approx(h)
+    exact = cm.demo_validation(e, CURVES, host_ms=cm.host_overhead_ms(e))
+    device_only = cm.demo_validation(e, CURVES)
+    for r, d in zip(exact, device_only):
+        assert r["err"] == pytest.approx(0.0, abs=1e-12) and r["host_term_ms"] == h
+        k = r["k"]   # device only: L c0 / ck against L (c0 + h) / (ck + h)
+        assert d["err"] == pytest.approx((cyc[0] / cyc[k]) / ((cyc[0] + h) / (cyc[k] + h)) - 1)
+        assert abs(d["err"]) > 0.05
+    with pytest.raises(ValueError, match="host_ms"):
+        cm.demo_validation(e, CURVES, host_ms=-1.0)
+    old = demo_engine()
+    for r in old["demo"]["end_to_end"]:
+        r.pop("steady_ms_per_cycle", None)
+    assert cm.host_overhead_ms(old) is None
+
+
 def test_demo_validation_from_decode_rates_without_a_k0_cycle():
     """Older runs: no steady fields (decode_tokens_per_s and acceptance_length instead) and no k = 0 in
     the split: the prediction is B * L / cycle_ms(k) over the measured k = 0 rate."""
