@@ -109,8 +109,15 @@ def git_commit() -> str:
         return "unknown"
 
 
-def markdown_table(ctx: Context, section: str, rows: list[Row]) -> str:
-    lines = [f"## {section}", "",
+def provenance(ctx: Context, command: str) -> str:
+    """One line: where, when and how a table was measured."""
+    return (f"Measured on {ctx.device_name}, torch {torch.__version__}, {datetime.date.today()}, commit "
+            f"{git_commit()}: `{command}`; copy bandwidth {ctx.copy_gbps:.0f} GB/s.\n")
+
+
+def markdown_table(ctx: Context, section: str, rows: list[Row], command: str) -> str:
+    """The section's title, its provenance line (`command` measured it) and the table."""
+    lines = [f"## {section}", "", provenance(ctx, command),
              "| kernel | case | bytes (floor) | kernel µs | % of copy BW | torch twin µs | speedup | note |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
@@ -120,12 +127,6 @@ def markdown_table(ctx: Context, section: str, rows: list[Row]) -> str:
         speed = f"{r.ms_twin / r.ms:.2f}x" if r.ms_twin is not None else "-"
         lines.append(f"| {r.kernel} | {r.case} | {r.bytes:,} | {r.ms * 1e3:.1f} | {pct:.0f}% | {twin} | {speed} | {r.note} |")
     return "\n".join(lines) + "\n"
-
-
-def provenance(ctx: Context, command: str) -> str:
-    """One line: where, when and how a table was measured."""
-    return (f"Measured on {ctx.device_name}, torch {torch.__version__}, {datetime.date.today()}, commit "
-            f"{git_commit()}: `{command}`; copy bandwidth {ctx.copy_gbps:.0f} GB/s.\n")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,9 +44,7 @@ def main(argv: list[str]) -> None:
         sys.modules[path.stem] = mod  # dataclasses in the module look themselves up there
         spec.loader.exec_module(mod)
         rows = mod.run(ctx)
-        table = harness.markdown_table(ctx, mod.SECTION, rows)
-        title, _, body = table.partition("\n")
-        table = f"{title}\n\n{harness.provenance(ctx, command)}\n{body}"
+        table = harness.markdown_table(ctx, mod.SECTION, rows, command)
         print(table, flush=True)
         sections[mod.SECTION] = table
         # written after every section, so a run cut short keeps what it measured

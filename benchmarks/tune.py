@@ -36,33 +36,53 @@ def floor_us(nbytes: int, gbps: float) -> float:
     return nbytes / (gbps * 1e9) * 1e6
 
 
+def measure(check, time, label) -> tuple[float, float]:
+    """(relative L2 error, µs) of one configuration: `check()` gives the error against the twin, `time()`
+    the ms (run only if the error is within 1e-2). A configuration that does not compile or fit gives
+    (inf, nan)."""
+    try:
+        err = check()
+        return err, (1.0 if DRY else time() * 1e3) if err <= 1e-2 else float("nan")
+    except Exception as e:
+        print(f"    {label}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        return float("inf"), float("nan")
+
+
+def record(log, out: list, **rec) -> None:
+    """Keep one timing and append it to the JSON-lines log at once (a run cut short keeps it)."""
+    out.append(rec)
+    log.write(json.dumps(rec) + "\n")
+    log.flush()
+
+
+def summarize(label: str, rows: list[dict], is_default, floor: float | None = None) -> None:
+    """Print the case's default and best configuration."""
+    ok = [r for r in rows if r["us"] == r["us"]]
+    best = min(ok, key=lambda r: r["us"])
+    dflt = next((r for r in ok if is_default(r)), None)
+    fl = f"floor {floor:7.1f} us  " if floor is not None else ""
+    print(f"  {label:<52} {fl}default {dflt['us'] if dflt else float('nan'):8.1f} us  best {best['us']:8.1f} us "
+          f"({best['pct']:.0f}%) {best['config']}", flush=True)
+
+
 def sweep_cases(cases, module, configs, gbps, log):
     """Time each harness.Case under each configuration of `module.launch_config` (None = the default)."""
     default = module.launch_config
     out = []
     for case in cases:
         sets = harness.rotating_inputs(case.make, case.bytes)
-        timer = (lambda fn, sets: 1.0) if DRY else harness.bench_graph if case.graph else harness.bench
+        timer = harness.bench_graph if case.graph else harness.bench
+        rows = []
         for cfg in [None] + configs:
             module.launch_config = default if cfg is None else (lambda *a, cfg=cfg: tuple(cfg))
             try:
-                err = harness.agreement(case, sets[0])
-                us = timer(case.fn, sets) * 1e3 if err <= case.tol else float("nan")
-            except Exception as e:  # a configuration that does not compile or fit
-                err, us = float("inf"), float("nan")
-                print(f"    {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                err, us = measure(lambda: harness.agreement(case, sets[0]), lambda: timer(case.fn, sets), cfg)
             finally:
                 module.launch_config = default
-            rec = dict(kernel=case.kernel, case=case.case, config=cfg, us=us, err=err,
-                       pct=100 * floor_us(case.bytes, gbps) / us if us == us else None)
-            out.append(rec)
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-        rows = [r for r in out if r["case"] == case.case and r["kernel"] == case.kernel and r["us"] == r["us"]]
-        best = min(rows, key=lambda r: r["us"])
-        dflt = next((r for r in rows if r["config"] is None), None)
-        print(f"  {case.kernel:>15} {case.case:<36} default {dflt['us'] if dflt else float('nan'):8.1f} us "
-              f"best {best['us']:8.1f} us ({best['pct']:.0f}%) {best['config']}", flush=True)
+            record(log, rows, kernel=case.kernel, case=case.case, config=cfg, us=us, err=err,
+                   pct=100 * floor_us(case.bytes, gbps) / us if us == us else None)
+        summarize(f"{case.kernel} {case.case}", rows, lambda r: r["config"] is None)
+        out += rows
         del sets
         if not DRY:
             torch.cuda.empty_cache()
@@ -99,7 +119,8 @@ def tune_attention(gbps, log):
     from inkling_fast.kernels.attention_decode import choose_num_splits, sm_count
     dev = "cpu" if DRY else "cuda"
     sms = sm_count(torch.device(dev))
-    small = dict(nh=4, nkv=2, hd=16, scale=256) if DRY else {}
+    small = dict(nh=4, nkv=2, hd=16, scale=256) if DRY else {}      # the dry run's tiny heads
+    fns_kw = dict(nh=4, scale=256) if DRY else {}
     default_cfg = mod.launch_config
     cfgs = {16: [(64, 4, 3), (64, 4, 4), (128, 4, 3), (32, 4, 4)], 64: [(64, 8, 2), (32, 4, 3), (64, 4, 2)]}
     if DRY:
@@ -113,37 +134,28 @@ def tune_attention(gbps, log):
             sets = [ba.make_inputs(base, dev, **small)]
         else:
             sets = harness.rotating_inputs(lambda: ba.make_inputs(base, dev), ba.floor_bytes(base))
-        ref = ba._fns(base, **({"nh": 4, "scale": 256} if DRY else {}))[1](*sets[0]).double()
+        ref = ba._fns(base, **fns_kw)[1](*sets[0]).double()
         fl = floor_us(ba.floor_bytes(base), gbps)
+
+        def check(kernel):
+            o = kernel(*sets[0]).double()
+            return ((o - ref).norm() / ref.norm()).item() if bool(torch.isfinite(o).all()) else float("inf")
+
+        rows = []
         for cfg in cfgs[16 if T == 1 else 64]:
             for mult in (1, 2, 4):
                 S = min(auto * mult, 128) if auto > 1 else (1 if mult == 1 else mult)
-                c = ba.Case("attention", "global", T, B, ctx, splits=S)
-                kernel = ba._fns(c, **({"nh": 4, "scale": 256} if DRY else {}))[0]
+                kernel = ba._fns(ba.Case("attention", "global", T, B, ctx, splits=S), **fns_kw)[0]
                 mod.launch_config = lambda *a, cfg=cfg: cfg
                 try:
-                    o = kernel(*sets[0]).double()
-                    err = ((o - ref).norm() / ref.norm()).item() if bool(torch.isfinite(o).all()) else float("inf")
-                    if DRY:
-                        us = 1.0
-                    else:
-                        us = harness.bench_graph(kernel, sets) * 1e3 if err <= 1e-2 else float("nan")
-                except Exception as e:
-                    err, us = float("inf"), float("nan")
-                    print(f"    {cfg} S={S}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    err, us = measure(lambda: check(kernel), lambda: harness.bench_graph(kernel, sets), (cfg, S))
                 finally:
                     mod.launch_config = default_cfg
-                rec = dict(kernel="attention", case=base.label, config=[*cfg, S], us=us, err=err,
-                           pct=100 * fl / us if us == us else None, auto_splits=auto)
-                out.append(rec)
-                log.write(json.dumps(rec) + "\n")
-                log.flush()
-        rows = [r for r in out if r["case"] == base.label and r["us"] == r["us"]]
-        best = min(rows, key=lambda r: r["us"])
-        dflt = [r for r in rows if r["config"][:3] == list(default_cfg(16 if T == 1 else 64, 128, torch.bfloat16, auto > 1))
-                and r["config"][3] == auto]
-        print(f"  attention {base.label:<28} floor {fl:7.1f} us  default {dflt[0]['us'] if dflt else float('nan'):7.1f} us"
-              f"  best {best['us']:7.1f} us ({best['pct']:.0f}%) {best['config']} (auto S={auto})", flush=True)
+                record(log, rows, kernel="attention", case=base.label, config=[*cfg, S], us=us, err=err,
+                       pct=100 * fl / us if us == us else None, auto_splits=auto)
+        dflt = [*default_cfg(16 if T == 1 else 64, 128, torch.bfloat16, auto > 1), auto]
+        summarize(f"attention {base.label} (auto S={auto})", rows, lambda r: r["config"] == dflt, fl)
+        out += rows
         del sets
         if not DRY:
             torch.cuda.empty_cache()

@@ -429,11 +429,7 @@ def host_overhead_ms(engine: dict, engine_name: str = "fast_graphs") -> float | 
         key = (_count(r, "batch", where), _count(r, "k", where))
         if key in cyc:
             gaps.append(_positive(r, "steady_ms_per_cycle", where) - cyc[key])
-    if not gaps:
-        return None
-    gaps.sort()
-    n = len(gaps)
-    return gaps[n // 2] if n % 2 else 0.5 * (gaps[n // 2 - 1] + gaps[n // 2])
+    return statistics.median(gaps) if gaps else None
 
 
 def demo_validation(engine: dict, curves: dict[int, list[float]], engine_name: str = "fast_graphs",
