@@ -30,6 +30,7 @@ if DRY:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import harness  # noqa: E402
+import triton  # noqa: E402  (after TRITON_INTERPRET is set)
 
 
 def floor_us(nbytes: int, gbps: float) -> float:
@@ -65,21 +66,21 @@ def summarize(label: str, rows: list[dict], is_default, floor: float | None = No
           f"({best['pct']:.0f}%) {best['config']}", flush=True)
 
 
-def sweep_cases(cases, module, configs, gbps, log):
-    """Time each harness.Case under each configuration of `module.launch_config` (None = the default)."""
-    default = module.launch_config
+def sweep_cases(cases, module, configs, gbps, log, attr="launch_config"):
+    """Time each harness.Case under each configuration of `module.<attr>` (None = the default)."""
+    default = getattr(module, attr)
     out = []
     for case in cases:
         sets = harness.rotating_inputs(case.make, case.bytes)
         timer = harness.bench_graph if case.graph else harness.bench
         rows = []
         for cfg in [None] + configs:
-            module.launch_config = default if cfg is None else (lambda *a, cfg=cfg: tuple(cfg))
+            setattr(module, attr, default if cfg is None else (lambda *a, cfg=cfg: tuple(cfg)))
             try:
                 err, us = measure(lambda: harness.agreement(case, sets[0]), lambda: timer(case.fn, sets), cfg)
             finally:
-                module.launch_config = default
-            record(log, rows, kernel=case.kernel, case=case.case, config=cfg, us=us, err=err,
+                setattr(module, attr, default)
+            record(log, rows, kernel=case.kernel, case=case.case, config=cfg, us=us, err=err, knob=attr,
                    pct=100 * floor_us(case.bytes, gbps) / us if us == us else None)
         summarize(f"{case.kernel} {case.case}", rows, lambda r: r["config"] is None)
         out += rows
@@ -93,9 +94,13 @@ def tune_short_conv(gbps, log):
     import bench_short_conv as bsc
     import inkling_fast.kernels.short_conv as mod
     cases = (bsc.cases("cpu", streams={"kv tiny": (37, False), "H tiny": (300, True)}, shapes=((3, 4), (2, 19)))
-             if DRY else bsc.cases("cuda", shapes=((1024, 5), (4, 4096), (16, 1))))
+             if DRY else bsc.cases("cuda", shapes=((1024, 5), (4, 4096))))
     configs = [(max(1, e // bc), bc, w) for bc in (256, 512, 1024) for e in (2048, 4096) for w in (4, 8)]
-    return sweep_cases(cases, mod, configs, gbps, log)
+    out = sweep_cases(cases, mod, configs, gbps, log)
+    # the write-only launch of long chunks (T + K - 1 > R), under the default compute launch
+    long = [c for c in cases if "T=4096" in c.case or "T=19" in c.case]
+    return out + sweep_cases(long, mod, [(8, 256, 4), (64, 1024, 8), (16, 2048, 8)], gbps, log,
+                             attr="write_launch_config")
 
 
 def tune_norms(gbps, log):
@@ -113,6 +118,23 @@ def tune_norms(gbps, log):
     return out
 
 
+# (T, B, ctx): split counts and (BLOCK_N, warps, stages) to time. The split counts bracket the
+# automatic choice; the configurations are the decode tile's (T = 1) and the windows' candidates.
+ATTENTION_SWEEP = [
+    ((1, 1, 8192), (16, 24, 33, 48), [(64, 4, 3), (64, 4, 2), (32, 4, 3)]),
+    ((1, 1, 32768), (16, 24, 33, 48), [(64, 4, 3), (64, 4, 2), (32, 4, 3)]),
+    ((1, 4, 8192), (4, 6, 8, 9, 16), [(64, 4, 3), (64, 4, 2)]),
+    ((1, 4, 32768), (4, 6, 8, 9, 16), [(64, 4, 3), (64, 4, 2)]),
+    ((1, 32, 8192), (1, 2), [(64, 4, 3), (64, 4, 2)]),
+    ((5, 1, 8192), (16, 33), [(32, 4, 3), (64, 4, 3), (64, 8, 3)]),
+    ((5, 4, 32768), (8, 9), [(32, 4, 3), (64, 4, 3), (64, 8, 3)]),
+    ((5, 32, 8192), (1, 2), [(32, 4, 3), (64, 4, 3), (64, 8, 3), (32, 4, 2)]),
+    ((9, 1, 8192), (16, 33), [(32, 4, 3), (64, 4, 2), (64, 8, 2)]),
+    ((9, 4, 32768), (8, 9), [(32, 4, 3), (64, 4, 2), (64, 8, 2)]),
+    ((9, 32, 8192), (1, 2), [(32, 4, 3), (64, 4, 2), (64, 8, 2)]),
+]
+
+
 def tune_attention(gbps, log):
     import bench_attention as ba
     import inkling_fast.kernels.attention_decode as mod
@@ -122,12 +144,10 @@ def tune_attention(gbps, log):
     small = dict(nh=4, nkv=2, hd=16, scale=256) if DRY else {}      # the dry run's tiny heads
     fns_kw = dict(nh=4, scale=256) if DRY else {}
     default_cfg = mod.launch_config
-    cfgs = {16: [(64, 4, 3), (64, 4, 4), (128, 4, 3), (32, 4, 4)], 64: [(64, 8, 2), (32, 4, 3), (64, 4, 2)]}
-    if DRY:
-        cfgs = {16: [(16, 4, 1)], 64: [(16, 4, 1)]}
     out = []
-    for T, B, ctx in [(1, 1, 8192), (1, 1, 32768), (1, 4, 8192), (1, 4, 32768), (1, 32, 8192), (1, 32, 32768),
-                      (9, 1, 8192), (9, 4, 32768)][: 2 if DRY else None]:
+    for (T, B, ctx), splits, cfgs in ATTENTION_SWEEP[: 2 if DRY else None]:
+        if DRY:
+            splits, cfgs = splits[:2], [(16, 4, 1)]
         base = ba.Case("attention", "global", T, B, ctx)
         auto = choose_num_splits(B * ba.NKV, ctx + T, sms)
         if DRY:
@@ -142,9 +162,8 @@ def tune_attention(gbps, log):
             return ((o - ref).norm() / ref.norm()).item() if bool(torch.isfinite(o).all()) else float("inf")
 
         rows = []
-        for cfg in cfgs[16 if T == 1 else 64]:
-            for mult in (1, 2, 4):
-                S = min(auto * mult, 128) if auto > 1 else (1 if mult == 1 else mult)
+        for cfg in cfgs:
+            for S in splits:
                 kernel = ba._fns(ba.Case("attention", "global", T, B, ctx, splits=S), **fns_kw)[0]
                 mod.launch_config = lambda *a, cfg=cfg: cfg
                 try:
@@ -153,7 +172,8 @@ def tune_attention(gbps, log):
                     mod.launch_config = default_cfg
                 record(log, rows, kernel="attention", case=base.label, config=[*cfg, S], us=us, err=err,
                        pct=100 * fl / us if us == us else None, auto_splits=auto)
-        dflt = [*default_cfg(16 if T == 1 else 64, 128, torch.bfloat16, auto > 1), auto]
+        block_m = max(16, triton.next_power_of_2(T * (ba.NH // ba.NKV)))
+        dflt = [*default_cfg(block_m, 128, torch.bfloat16, auto > 1), auto]
         summarize(f"attention {base.label} (auto S={auto})", rows, lambda r: r["config"] == dflt, fl)
         out += rows
         del sets
@@ -168,12 +188,12 @@ def main(argv):
     out_dir.mkdir(parents=True, exist_ok=True)
     wanted = argv[1:] or ["short_conv", "norms", "attention"]
     gbps = 4000.0 if DRY else harness.measure_copy_bandwidth()
-    name = "cpu (dry run)" if DRY else torch.cuda.get_device_name()
-    print(f"copy bandwidth {gbps:.0f} GB/s on {name}", flush=True)
+    device = "cpu (dry run)" if DRY else torch.cuda.get_device_name()
+    print(f"copy bandwidth {gbps:.0f} GB/s on {device}", flush=True)
     for name in wanted:
         t0 = time.time()
         with open(out_dir / f"tune_{name}.jsonl", "w") as log:
-            log.write(json.dumps(dict(copy_gbps=gbps, device=name,
+            log.write(json.dumps(dict(copy_gbps=gbps, device=device,
                                       commit=harness.git_commit())) + "\n")
             globals()[f"tune_{name}"](gbps, log)
         print(f"[{name}] {time.time() - t0:.0f} s", flush=True)

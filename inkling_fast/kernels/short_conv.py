@@ -22,7 +22,8 @@ Races: a call reads ring rows of the K-1 positions before its first one and writ
 its own positions. When T + K - 1 <= R these rows are all distinct and one launch does both.
 Otherwise (long prefill chunks) the wrapper splits the work in two launches on the stream: first
 every output (ring reads, no writes), then the ring writes, each ring row taking the last
-position of the call that maps to it. Both launches are graph-capturable; T and R are shapes, so
+position of the call that maps to it (in big tiles, `write_launch_config`: few of its rows store).
+Both launches are graph-capturable; T and R are shapes, so
 the choice never needs the device.
 """
 
@@ -62,14 +63,16 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
         # (position p + R, same ring row) is in the call too (valid rows are one consecutive run)
         later = tl.load(pos_ptr + b * sp_b + (t + R) * sp_t, mask=valid & (t + R < T), other=-1)
         keep = valid_slot & (later < 0)
-    if COMPUTE:
-        x_mask = valid
-    else:
-        x_mask = keep  # the write-only launch reads just the rows it writes
     x_row = b * sx_b + t.to(tl.int64) * sx_t
-    x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=x_mask[:, None] & c_in[None, :], other=0.0)
-
     if COMPUTE:
+        # Loads whose addresses and masks depend only on the row index are issued together, before
+        # any position is known: this row's x, the K-1 earlier rows of x and their positions (a row of
+        # the call may be padding or hold another position: the loaded values are then unused). Only
+        # the ring reads wait for the positions. One round trip to memory plus one, not K.
+        x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=r_in[:, None] & c_in[None, :], other=0.0)
+        if HAS_RES:
+            res_row = b * sres_b + t.to(tl.int64) * sres_t
+            res = tl.load(res_ptr + res_row[:, None] + c[None, :], mask=r_in[:, None] & c_in[None, :], other=0.0)
         conv = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
         for j in tl.static_range(K):
             d = K - 1 - j  # a constexpr: tap j reads position p - d
@@ -77,22 +80,21 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
             if d == 0:
                 v = x_cur.to(tl.float32)
             else:
-                q = p - d
                 tp = t - d
-                p_prev = tl.load(pos_ptr + b * sp_b + tp * sp_t, mask=valid & (tp >= 0), other=-2)
+                in_call = r_in & (tp >= 0)
+                p_prev = tl.load(pos_ptr + b * sp_b + tp * sp_t, mask=in_call, other=-2)
+                vx = tl.load(x_ptr + (x_row - d * sx_t)[:, None] + c[None, :],
+                             mask=in_call[:, None] & c_in[None, :], other=0.0)
+                q = p - d
                 from_x = valid & (q >= 0) & (p_prev == q)  # position q is row t - d of x
                 from_ring = valid_slot & (q >= 0) & (p_prev != q)
-                vx = tl.load(x_ptr + (x_row - d * sx_t)[:, None] + c[None, :],
-                             mask=from_x[:, None] & c_in[None, :], other=0.0)
                 ring_row = slot * sr_s + (tl.where(from_ring, q, 0) % R).to(tl.int64) * sr_r
                 vr = tl.load(ring_ptr + ring_row[:, None] + c[None, :],
                              mask=from_ring[:, None] & c_in[None, :], other=0.0)
-                v = vx.to(tl.float32) + vr.to(tl.float32)  # at most one of the two is loaded, else 0
+                v = tl.where(from_x[:, None], vx.to(tl.float32), vr.to(tl.float32))  # vr is 0 unless from_ring
             conv += v * w_j[None, :]
         y = x_cur.to(tl.float32) + conv
         if HAS_RES:
-            res_row = b * sres_b + t.to(tl.int64) * sres_t
-            res = tl.load(res_ptr + res_row[:, None] + c[None, :], mask=valid[:, None] & c_in[None, :], other=0.0)
             y = y.to(out_ptr.dtype.element_ty).to(tl.float32) + res.to(tl.float32)
         y = tl.where(slot_ok[:, None], y, float("nan"))  # a bad slot (unchecked): visible, no memory touched
         y = tl.where(valid[:, None], y, 0.0)
@@ -101,6 +103,8 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
                  mask=r_in[:, None] & c_in[None, :])
 
     if WRITE:
+        if not COMPUTE:  # the write-only launch reads just the rows it writes
+            x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=keep[:, None] & c_in[None, :], other=0.0)
         ring_row = slot * sr_s + (tl.where(keep, p, 0) % R).to(tl.int64) * sr_r
         tl.store(ring_ptr + ring_row[:, None] + c[None, :], x_cur, mask=keep[:, None] & c_in[None, :])
 
@@ -208,6 +212,12 @@ def launch_config(n_rows: int, C: int, T: int) -> tuple[int, int, int]:
     return block_r, block_c, max(1, min(warps, block_r * block_c // 256))
 
 
+def write_launch_config(n_rows: int, C: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_C, num_warps) of the write-only launch of long chunks: it stores at most R
+    rows per sequence, so most of its programs only read positions; big tiles keep them few."""
+    return 32, min(1024, max(16, triton.next_power_of_2(C))), 4
+
+
 def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
                residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
                check: bool = True) -> torch.Tensor:
@@ -268,5 +278,7 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
         _short_conv_kernel[grid](*args, COMPUTE=True, WRITE=True, **meta)
     else:               # they may overlap: every read first, then the writes
         _short_conv_kernel[grid](*args, COMPUTE=True, WRITE=False, **meta)
-        _short_conv_kernel[grid](*args, COMPUTE=False, WRITE=True, **meta)
+        wr, wc, ww = write_launch_config(B * T, C)
+        _short_conv_kernel[(triton.cdiv(B * T, wr), triton.cdiv(C, wc))](
+            *args, COMPUTE=False, WRITE=True, **{**meta, "BLOCK_R": wr, "BLOCK_C": wc, "num_warps": ww})
     return out

@@ -122,9 +122,11 @@ def test_kernel_matches_reference_and_twin(device, dtype, K, R, residual):
 @pytest.mark.parametrize("config", [(2, 16, 1), (4, 32, 2), (16, 8, 1)])
 def test_kernel_any_tile_shape(device, monkeypatch, config):
     """Tiles of (rows, channels) other than the default: tiles that straddle sequences (rows of the
-    flattened B * T index) and channel tiles that end inside C."""
+    flattened B * T index) and channel tiles that end inside C; the write-only launch of long chunks
+    takes the same odd tiles."""
     import inkling_fast.kernels.short_conv as module
     monkeypatch.setattr(module, "launch_config", lambda n_rows, C, T: config)
+    monkeypatch.setattr(module, "write_launch_config", lambda n_rows, C: config)
     run_schedule(short_conv, torch.float32, 4, 4 + SPEC_K, device, True, seed=sum(config), twin_ring=True)
 
 
