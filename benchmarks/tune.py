@@ -173,7 +173,7 @@ def tune_attention(gbps, log):
                 record(log, rows, kernel="attention", case=base.label, config=[*cfg, S], us=us, err=err,
                        pct=100 * fl / us if us == us else None, auto_splits=auto)
         block_m = max(16, triton.next_power_of_2(T * (ba.NH // ba.NKV)))
-        dflt = [*default_cfg(block_m, 128, torch.bfloat16, auto > 1), auto]
+        dflt = [*default_cfg(block_m, 128, torch.bfloat16), auto]
         summarize(f"attention {base.label} (auto S={auto})", rows, lambda r: r["config"] == dflt, fl)
         out += rows
         del sets

@@ -30,8 +30,8 @@ Kernel design (decided here, see the issue "Fast path II"):
   [B, T, nH, S, hd] and [B, T, nH, S]); `_merge_kernel` combines them with weights
   2^(lse_s - max_s lse) (empty splits have lse = -inf and weight 0). S = 1 writes `out` directly.
   `choose_num_splits` picks S from host-known sizes only (batch, KV heads, the largest possible key
-  count, the SM count) so a CUDA graph sees one S per shape: enough programs for two per SM, at
-  least MIN_SPLIT_KEYS keys per split.
+  count, the SM count) so a CUDA graph sees one S per shape: as many programs as fit one wave of
+  two per SM, at least MIN_SPLIT_KEYS keys per split.
 * **Query tiles.** The same kernel tiles long query ranges (prefill, attention_prefill.py): grid
   axis 2 is (query tile, split); with FLAT_KV the call's own keys are read from flat [B, T, nKV, hd]
   tensors instead of the cache (history keys still come from the cache).
@@ -243,12 +243,13 @@ def sm_count(device: torch.device) -> int:
 
 
 def choose_num_splits(programs: int, max_keys: int, sms: int) -> int:
-    """Splits per (batch row, KV head, query tile) so that about 2 programs per SM run, with at
-    least MIN_SPLIT_KEYS keys per split. `programs` = B * nKV * query tiles, `max_keys` = the most
-    keys one program can have (cap for global layers, window + T - 1 for sliding ones)."""
-    if programs >= 2 * sms:
-        return 1
-    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(max_keys, MIN_SPLIT_KEYS), MAX_SPLITS))
+    """Splits per (batch row, KV head, query tile): as many as keep every program in ONE wave of
+    2 programs per SM (the decode tile's 80 KB of shared memory), with at least MIN_SPLIT_KEYS keys
+    per split. `programs` = B * nKV * query tiles, `max_keys` = the most keys one program can have
+    (cap for global layers, window + T - 1 for sliding ones). Rounding the split count down, not up,
+    matters: 9 splits of 32 programs (288 > 264 slots on the H200) leave a second wave of 24 programs
+    that takes as long as the first (batch 4, 32k: 209 µs at 9 splits, 136 µs at 8)."""
+    return max(1, min(2 * sms // programs, triton.cdiv(max_keys, MIN_SPLIT_KEYS), MAX_SPLITS))
 
 
 def validate_attention_args(q, rel, k_cache, v_cache, slot, pos, window):
@@ -279,26 +280,22 @@ def validate_attention_args(q, rel, k_cache, v_cache, slot, pos, window):
     return B, T, nH, hd, nKV, cap, E
 
 
-def launch_config(BLOCK_M: int, BLOCK_D: int, dtype: torch.dtype, split: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages). Chosen from sm_90 compiles at hd = 128 (ptxas -v, bf16):
-    M=16: 64/4/3 -> 154 registers, 80 KB shared (2 programs per SM), 16-byte cp.async K/V loads;
-    M=32: 64/8/3 -> 200 regs, 94 KB; M=64: 64/8/2 -> 233-255 regs, 98-131 KB, wgmma;
-    M=128: 32/8/2 -> 232 regs, 82 KB, wgmma; none spills. With split-KV (small batches, few keys per
-    program) windows of M = 32 / 64 rows take 32/4/3: measured on the H200 at T = 9 (M = 64), batch 1
-    and 4, contexts 8k and 32k, 1.7-2.4x faster than 64/8/2 (docs/benchmarks/tuning.md). fp32 (IEEE
-    dots run on FMA units, the test path): 16-key tiles, no pipelining, so that the tiles fit shared memory."""
+def launch_config(BLOCK_M: int, BLOCK_D: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages). bf16 at hd = 128, measured on the H200 at contexts of 8k and
+    32k, batch 1, 4 and 32 (docs/benchmarks/tuning.md): decode and k = 4 windows (M = 16, 32 rows)
+    are fastest with 64-key tiles, 4 warps, 3 stages (M = 16: 154 registers, 80 KB shared, 2 programs
+    per SM; against 8 warps at M = 32, 1.3-1.6x faster); k = 8 windows (M = 64) with 32-key tiles,
+    4 warps, 3 stages (against 64/4/2 1.1x, 64/8/2 1.2-2.1x). M = 128 (query tiles of prefill):
+    32/8/2 (232 registers, 82 KB, wgmma; from ptxas -v, not timed). fp32 (IEEE dots run on FMA
+    units, the test path): 16-key tiles, no pipelining, so that the tiles fit shared memory."""
     if dtype == torch.float32:
         return 16, 4 if BLOCK_M <= 16 else 8, 1
     if BLOCK_D <= 32:       # tiny head dims (CI): short tiles so that short contexts span several
         return 16, 4, 2
-    if BLOCK_M <= 16:
-        return 64, 4, 3
-    if split and BLOCK_M <= 64:
-        return 32, 4, 3
     if BLOCK_M <= 32:
-        return 64, 8, 3
+        return 64, 4, 3
     if BLOCK_M <= 64:
-        return 64, 8, 2
+        return 32, 4, 3
     return 32, 8, 2
 
 
@@ -309,7 +306,7 @@ def launch_attention(q, rel, k_cache, v_cache, k_flat, v_flat, slot, pos, window
     G = nH // nKV
     BLOCK_D = max(16, triton.next_power_of_2(hd))
     BLOCK_M = max(16, triton.next_power_of_2(block_t * G))
-    BLOCK_N, num_warps, num_stages = launch_config(BLOCK_M, BLOCK_D, q.dtype, num_splits > 1)
+    BLOCK_N, num_warps, num_stages = launch_config(BLOCK_M, BLOCK_D, q.dtype)
     n_qt = triton.cdiv(T, block_t)
     if B * T == 0:
         return out

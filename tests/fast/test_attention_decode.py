@@ -109,7 +109,8 @@ def test_split_merge_is_stable_for_large_logits():
 def test_choose_num_splits():
     sms = 132
     assert choose_num_splits(8, 40000, sms) == 33              # B=1 x 8 KV heads: fill 2 programs/SM
-    assert choose_num_splits(256, 40000, sms) == 2
+    assert choose_num_splits(32, 40000, sms) == 8               # 256 programs; 9 would spill a second wave
+    assert choose_num_splits(256, 40000, sms) == 1              # 512 would be two waves: no gain
     assert choose_num_splits(264, 40000, sms) == 1              # enough programs already
     assert choose_num_splits(8, 515, sms) == -(-515 // MIN_SPLIT_KEYS)   # sliding: few keys, few splits
     assert choose_num_splits(8, 10, sms) == 1
