@@ -16,7 +16,8 @@ use distinct slots.
 
 Tiles: a program takes BLOCK_R consecutive rows of the flattened B * T row index (so decode and
 verify windows, T = 1 or k + 1, fill whole tiles with the rows of several sequences) by BLOCK_C
-channels; `launch_config` picks the tile from host-known sizes.
+channels; `launch_config` picks the tile from host-known sizes. The grid is 1-D with the channel
+tiles of a row tile next to each other.
 
 Races: a call reads ring rows of the K-1 positions before its first one and writes the rows of
 its own positions. When T + K - 1 <= R these rows are all distinct and one launch does both.
@@ -47,8 +48,11 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
     # A tile is BLOCK_R consecutive rows of the flattened [B * T] row index (rows of several
     # sequences when T is small: decode and verify windows waste no lanes on padding to a power of
     # two) by BLOCK_C channels. Row r is (b, t) = (r // T, r % T).
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    # Channel tiles vary fastest along the 1-D grid: programs running together cover whole rows
+    # (contiguous memory), not one channel strip of many rows (short runs, rows of C apart).
+    n_ct = tl.cdiv(C, BLOCK_C)
+    r = (tl.program_id(0) // n_ct) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = (tl.program_id(0) % n_ct) * BLOCK_C + tl.arange(0, BLOCK_C)
     r_in = r < N
     c_in = c < C
     b = tl.where(r_in, r // T, 0).to(tl.int64)
@@ -214,8 +218,9 @@ def launch_config(n_rows: int, C: int, T: int) -> tuple[int, int, int]:
 
 def write_launch_config(n_rows: int, C: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_C, num_warps) of the write-only launch of long chunks: it stores at most R
-    rows per sequence, so most of its programs only read positions; big tiles keep them few."""
-    return 32, min(1024, max(16, triton.next_power_of_2(C))), 4
+    rows per sequence, so most of its programs only read positions; big tiles keep them few
+    (16 x 2048 / 8 warps: 3-5 % faster calls than 8 x 256 / 4 at T = 4096, docs/benchmarks/tuning.md)."""
+    return 16, min(2048, max(16, triton.next_power_of_2(C))), 8
 
 
 def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
@@ -272,13 +277,13 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
     args = (x, ring, w2, slot, pos, res, out, B * T, T, C, R, S,
             x.stride(0), x.stride(1), ring.stride(0), ring.stride(1), w2.stride(0), w2.stride(1),
             pos.stride(0), pos.stride(1), res.stride(0), res.stride(1), out.stride(0), out.stride(1))
-    grid = (triton.cdiv(B * T, block_r), triton.cdiv(C, block_c))
+    grid = (triton.cdiv(B * T, block_r) * triton.cdiv(C, block_c),)
     meta = dict(K=K, BLOCK_R=block_r, BLOCK_C=block_c, HAS_RES=residual is not None, num_warps=num_warps)
     if T + K - 1 <= R:  # the rows this call reads and the rows it writes are disjoint: one launch
         _short_conv_kernel[grid](*args, COMPUTE=True, WRITE=True, **meta)
     else:               # they may overlap: every read first, then the writes
         _short_conv_kernel[grid](*args, COMPUTE=True, WRITE=False, **meta)
         wr, wc, ww = write_launch_config(B * T, C)
-        _short_conv_kernel[(triton.cdiv(B * T, wr), triton.cdiv(C, wc))](
+        _short_conv_kernel[(triton.cdiv(B * T, wr) * triton.cdiv(C, wc),)](
             *args, COMPUTE=False, WRITE=True, **{**meta, "BLOCK_R": wr, "BLOCK_C": wc, "num_warps": ww})
     return out

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from configs import tiny_config
-from helpers import TOL, device, norm_weight, poison, randn, rel_l2, rows_per_program  # noqa: F401 (fixture)
+from helpers import TOL, device, norm_weight, poison, randn, rel_l2  # noqa: F401 (fixture)
 
 import inkling_fast.kernels.mtp_input as module
 from inkling_fast.kernels.mtp_input import mtp_input, mtp_input_torch
@@ -47,11 +47,13 @@ def _inputs(device, dtype, V, H, lead, seed):
     return h, ids, table, norms
 
 
-@pytest.mark.parametrize("rows", [None, 4])
+@pytest.mark.parametrize("chunk", [None, 16])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("V,H,lead", [(97, 40, (3, 5)), (31, 72, (7,)), (11, 300, (1, 2))])
-def test_kernel_matches_twin(device, monkeypatch, dtype, V, H, lead, rows):
-    rows_per_program(monkeypatch, module, rows)
+def test_kernel_matches_twin(device, monkeypatch, dtype, V, H, lead, chunk):
+    """chunk=16: rows read in several pieces, the last one cut by H (None: the default, one piece here)."""
+    if chunk is not None:
+        monkeypatch.setattr(module, "launch_config", lambda H, n_rows: (chunk, 1))
     h, ids, table, (wh, wb, we) = _inputs(device, dtype, V, H, lead, seed=H)
     ref = mtp_input_torch(h, ids, table, wh, wb, we, EPS)
     out = poison(torch.empty(lead + (2 * H,), dtype=dtype, device=device))
