@@ -18,6 +18,8 @@ import triton.language as tl
 
 from .rms_norm import FLOAT_DTYPES, interpreting
 
+DECODE_ROWS = 64   # up to this many rows: one piece per row (see launch_config)
+
 
 @triton.jit
 def _sum_squares(base, H, ok, CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
@@ -75,9 +77,14 @@ def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, 
 
 
 def launch_config(H: int, n_rows: int) -> tuple[int, int]:
-    """(CHUNK, num_warps): 2048-wide pieces, 4 warps. On the H200 at 16384 rows (docs/benchmarks/
-    tuning.md) this is 86 % of copy bandwidth at H = 6144 against 78 % for whole rows padded to 8192
-    lanes (2 rows per program, 8 warps), and 86 % against 89 % at H = 4096."""
+    """(CHUNK, num_warps). Many rows: 2048-wide pieces, 4 warps; on the H200 at 16384 rows
+    (docs/benchmarks/tuning.md) 86 % of copy bandwidth at H = 6144 against 78 % for whole rows padded
+    to 8192 lanes, and 86 % against 89 % at H = 4096. Decode sizes (<= 64 rows, latency-bound): the
+    whole row as one piece with up to 8 warps, as before the pieces (the three passes of 2048-wide
+    pieces took 4.8-6.8 µs at 1-16 rows against 3.3-4.5 µs)."""
+    if n_rows <= DECODE_ROWS:
+        block = max(16, triton.next_power_of_2(H))
+        return block, max(1, min(8, block // 512))
     chunk = min(2048, max(16, triton.next_power_of_2(H)))
     return chunk, max(1, min(4, chunk // 512))
 
