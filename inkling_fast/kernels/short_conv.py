@@ -218,9 +218,12 @@ def launch_config(n_rows: int, C: int, T: int) -> tuple[int, int, int]:
 
 def write_launch_config(n_rows: int, C: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_C, num_warps) of the write-only launch of long chunks: it stores at most R
-    rows per sequence, so most of its programs only read positions; big tiles keep them few
-    (16 x 2048 / 8 warps: 3-5 % faster calls than 8 x 256 / 4 at T = 4096, docs/benchmarks/tuning.md)."""
-    return 16, min(2048, max(16, triton.next_power_of_2(C))), 8
+    rows per sequence, so most of its programs only read positions. The fastest of four tiles at
+    T = 4096 on the H200 (docs/benchmarks/tuning.md): 8 x 256 / 4 warps at C <= 1024, 16 x 2048 /
+    8 warps above (1-2 % faster calls than 8 x 256 there; small margins, near run-to-run noise)."""
+    if C <= 1024:
+        return 8, max(16, min(256, triton.next_power_of_2(C))), 4
+    return 16, 2048, 8
 
 
 def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
