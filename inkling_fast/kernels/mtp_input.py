@@ -36,8 +36,9 @@ def _sum_squares(base, H, ok, CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
 @triton.jit
 def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, V, H, h_row, table_row,
                       c_row, eps, CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
-    # One row per program, read in NCHUNK pieces of CHUNK (H need not be a power of two: no padded
-    # lanes, little register state); every pass after the first re-reads the row (L1/L2 hits):
+    # One row per program, read in NCHUNK pieces of CHUNK (launch_config: 2048-wide pieces for many
+    # rows, so H = 6144 pads no lanes; the whole row as one piece at decode sizes); every pass after
+    # the first re-reads the row (L1/L2 hits):
     #   half 0:  r = rsqrt(mean(h^2) + eps)                       then c[:H] = h * r * wh
     #   half 1:  r1 from E[x];  e = round(E[x] * r1 * wb);  r2 from e;  then c[H:] = e * r2 * we
     row = tl.program_id(0).to(tl.int64)
