@@ -34,6 +34,15 @@ def _sum_squares(base, H, ok, CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
 
 
 @triton.jit
+def _embedding_piece(base, wb_ptr, o, m, ok, r1, dt: tl.constexpr):
+    """e = round(E[x] * r1 * wb) on the piece at offsets o, back in fp32: the trunk's normed embedding,
+    a model-dtype tensor in the reference."""
+    x = tl.load(base + o, mask=tl.where(ok, m, False), other=0.0).to(tl.float32)
+    wb = tl.load(wb_ptr + o, mask=m, other=0.0).to(tl.float32)
+    return (x * r1 * wb).to(dt).to(tl.float32)
+
+
+@triton.jit
 def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, V, H, h_row, table_row,
                       c_row, eps, CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
     # One row per program, read in NCHUNK pieces of CHUNK (launch_config: 2048-wide pieces for many
@@ -61,19 +70,14 @@ def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, 
         ss = tl.zeros([CHUNK], dtype=tl.float32)
         for i in tl.static_range(NCHUNK):
             o = i * CHUNK + offs
-            m = o < H
-            x = tl.load(base + o, mask=tl.where(ok, m, False), other=0.0).to(tl.float32)
-            wb = tl.load(wb_ptr + o, mask=m, other=0.0).to(tl.float32)
-            e = (x * r1 * wb).to(dt).to(tl.float32)  # the trunk's embedding is a model-dtype tensor
+            e = _embedding_piece(base, wb_ptr, o, o < H, ok, r1, dt)
             ss += e * e
         r2 = tl.rsqrt(tl.sum(ss, 0) / H + eps)
         for i in tl.static_range(NCHUNK):
             o = i * CHUNK + offs
             m = o < H
-            x = tl.load(base + o, mask=tl.where(ok, m, False), other=0.0).to(tl.float32)
-            wb = tl.load(wb_ptr + o, mask=m, other=0.0).to(tl.float32)
+            e = _embedding_piece(base, wb_ptr, o, m, ok, r1, dt)
             we = tl.load(we_ptr + o, mask=m, other=0.0).to(tl.float32)
-            e = (x * r1 * wb).to(dt).to(tl.float32)
             tl.store(c_ptr + row * c_row + H + o, tl.where(ok, e * r2 * we, float("nan")).to(dt), mask=m)
 
 
@@ -81,8 +85,8 @@ def launch_config(H: int, n_rows: int) -> tuple[int, int]:
     """(CHUNK, num_warps). Many rows: 2048-wide pieces, 4 warps; on the H200 at 16384 rows
     (docs/benchmarks/tuning.md) 86 % of copy bandwidth at H = 6144 against 78 % for whole rows padded
     to 8192 lanes, and 86 % against 89 % at H = 4096. Decode sizes (<= 64 rows, latency-bound): the
-    whole row as one piece with up to 8 warps, as before the pieces (the three passes of 2048-wide
-    pieces took 4.8-6.8 µs at 1-16 rows against 3.3-4.5 µs)."""
+    whole row as one piece with up to 8 warps, 4.4-5.7 µs at 1-16 rows (2048-wide pieces: 4.8-6.8 µs;
+    the single-pass kernel before the pieces, ed9890e: 3.3-4.5 µs)."""
     if n_rows <= DECODE_ROWS:
         block = max(16, triton.next_power_of_2(H))
         return block, max(1, min(8, block // 512))

@@ -370,9 +370,10 @@ def test_bench_graph_waits_for_the_inputs_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 9])
 def test_benchmark_case_b4_ctx32k_gpu(T):
-    """The benchmark case that crashed (global, B=4, ctx=32768, auto splits: S=9 on an H200 then, 8 now), built
-    by the benchmark itself and run through harness.bench_graph (rotated sets, side-stream warm-up,
-    capture, replays); then the kernel (auto splits, NaN-poisoned output) against the twin on every set."""
+    """The benchmark case that crashed (global, B=4, ctx=32768, auto splits: S=9 on an H200 then, 8
+    now), built by the benchmark itself and run through harness.bench_graph (rotated sets, side-stream
+    warm-up, capture, replays); then the kernel (auto splits, NaN-poisoned output) against the twin on
+    every set."""
     bench = load_benchmark("bench_attention")
     c = bench.Case("attention", "global", T, 4, 32768)
     S = choose_num_splits(c.B * bench.NKV, c.ctx + T, sm_count(torch.device("cuda")))
