@@ -97,9 +97,9 @@ def tune_short_conv(gbps, log):
              if DRY else bsc.cases("cuda", shapes=((1024, 5), (4, 4096))))
     configs = [(max(1, e // bc), bc, w) for bc in (256, 512, 1024) for e in (2048, 4096) for w in (4, 8)]
     out = sweep_cases(cases, mod, configs, gbps, log)
-    # the write-only launch of long chunks (T + K - 1 > R), under the default compute launch
+    # the ring-write launch of long chunks (T + K - 1 > R): (BLOCK_T, BLOCK_C, warps)
     long = [c for c in cases if "T=4096" in c.case or "T=19" in c.case]
-    return out + sweep_cases(long, mod, [(8, 256, 4), (64, 1024, 8), (16, 2048, 8)], gbps, log,
+    return out + sweep_cases(long, mod, [(1024, 1024, 4), (4096, 1024, 8), (2048, 256, 4)], gbps, log,
                              attr="write_launch_config")
 
 

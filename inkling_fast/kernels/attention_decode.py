@@ -207,19 +207,22 @@ def _attention_kernel(
 @triton.jit
 def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, pos_ptr, NUM_SPLITS, NH: tl.constexpr, HD: tl.constexpr,
                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
-    """out[row, h] = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s."""
+    """out[row, h] = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s.
+    The position, the log-sum-exps and the partials are loaded together (one round trip to memory:
+    this kernel is pure latency at decode sizes); a padding row reads partials nobody wrote, computes
+    garbage and stores nothing."""
     row = tl.program_id(0)
     h = tl.program_id(1)
     ok = tl.load(pos_ptr + row) >= 0
     sidx = tl.arange(0, BLOCK_S)
-    sm = _both(sidx < NUM_SPLITS, ok)
+    sm = sidx < NUM_SPLITS
     base = (row.to(tl.int64) * NH + h) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + base + sidx, mask=sm, other=float("-inf"))
-    mx = tl.max(lse, 0)
-    w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))
     d = tl.arange(0, BLOCK_D)
     dm = d < HD
+    lse = tl.load(part_lse_ptr + base + sidx, mask=sm, other=float("-inf"))
     o = tl.load(part_o_ptr + (base + sidx)[:, None] * HD + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
+    mx = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))
     den = tl.sum(w, 0)
     res = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
     tl.store(out_ptr + (row.to(tl.int64) * NH + h) * HD + d, _round_to(res, out_ptr.dtype.element_ty, INTERPRET),

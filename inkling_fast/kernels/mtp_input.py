@@ -5,8 +5,9 @@
 
 Grid (N, 2): program (i, 0) norms row i of h_prev into c[i, :H]; program (i, 1) gathers E[x_i],
 norms it twice (the first result rounded to the model dtype, as the reference's trunk embedding
-is a model-dtype tensor) and writes c[i, H:]. Rows are read in `launch_config` pieces, one pass per
-norm and one to write. fp32 math, weights multiplied in fp32.
+is a model-dtype tensor) and writes c[i, H:]. A row that fits one `launch_config` piece (decode
+sizes) is read once and kept in registers; longer rows are read in pieces, one pass per norm and one
+to write. fp32 math, weights multiplied in fp32.
 Out-of-range ids: NaN in c[i, H:] when check_ids=False, an error when True (see embed_norm.py).
 """
 
@@ -46,14 +47,33 @@ def _embedding_piece(base, wb_ptr, o, m, ok, r1, dt: tl.constexpr):
 def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, V, H, h_row, table_row,
                       c_row, eps, CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
     # One row per program, read in NCHUNK pieces of CHUNK (launch_config: 2048-wide pieces for many
-    # rows, so H = 6144 pads no lanes; the whole row as one piece at decode sizes); every pass after
-    # the first re-reads the row (L1/L2 hits):
+    # rows, so H = 6144 pads no lanes; the whole row as one piece at decode sizes). One piece: a
+    # single pass. Several: every pass after the first re-reads the row (L1/L2 hits):
     #   half 0:  r = rsqrt(mean(h^2) + eps)                       then c[:H] = h * r * wh
     #   half 1:  r1 from E[x];  e = round(E[x] * r1 * wb);  r2 from e;  then c[H:] = e * r2 * we
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, CHUNK)
     dt = c_ptr.dtype.element_ty
-    if tl.program_id(1) == 0:
+    if NCHUNK == 1:
+        # the whole row in one piece: one pass, the row stays in registers
+        m = offs < H
+        if tl.program_id(1) == 0:
+            x = tl.load(h_ptr + row * h_row + offs, mask=m, other=0.0).to(tl.float32)
+            w = tl.load(wh_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            r = tl.rsqrt(tl.sum(x * x, 0) / H + eps)
+            tl.store(c_ptr + row * c_row + offs, (x * r * w).to(dt), mask=m)
+        else:
+            tok = tl.load(ids_ptr + row).to(tl.int64)
+            ok = (tok >= 0) & (tok < V)
+            x = tl.load(table_ptr + tl.where(ok, tok, 0) * table_row + offs, mask=tl.where(ok, m, False),
+                        other=0.0).to(tl.float32)
+            r1 = tl.rsqrt(tl.sum(x * x, 0) / H + eps)
+            wb = tl.load(wb_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            e = (x * r1 * wb).to(dt).to(tl.float32)
+            r2 = tl.rsqrt(tl.sum(e * e, 0) / H + eps)
+            we = tl.load(we_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            tl.store(c_ptr + row * c_row + H + offs, tl.where(ok, e * r2 * we, float("nan")).to(dt), mask=m)
+    elif tl.program_id(1) == 0:
         base = h_ptr + row * h_row
         r = tl.rsqrt(_sum_squares(base, H, True, CHUNK, NCHUNK) / H + eps)
         for i in tl.static_range(NCHUNK):
@@ -85,8 +105,8 @@ def launch_config(H: int, n_rows: int) -> tuple[int, int]:
     """(CHUNK, num_warps). Many rows: 2048-wide pieces, 4 warps; on the H200 at 16384 rows
     (docs/benchmarks/tuning.md) 86 % of copy bandwidth at H = 6144 against 78 % for whole rows padded
     to 8192 lanes, and 86 % against 89 % at H = 4096. Decode sizes (<= 64 rows, latency-bound): the
-    whole row as one piece with up to 8 warps, 4.4-5.7 µs at 1-16 rows (2048-wide pieces: 4.8-6.8 µs;
-    the single-pass kernel before the pieces, ed9890e: 3.3-4.5 µs)."""
+    whole row as one piece with up to 8 warps, read in one pass: 3.6-4.3 µs at 1-64 rows, against
+    4.3-5.8 µs for the same piece in three passes (A/B in one run, tuning.md)."""
     if n_rows <= DECODE_ROWS:
         block = max(16, triton.next_power_of_2(H))
         return block, max(1, min(8, block // 512))

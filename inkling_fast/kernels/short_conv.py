@@ -23,9 +23,9 @@ Races: a call reads ring rows of the K-1 positions before its first one and writ
 its own positions. When T + K - 1 <= R these rows are all distinct and one launch does both.
 Otherwise (long prefill chunks) the wrapper splits the work in two launches on the stream: first
 every output (ring reads, no writes), then the ring writes, each ring row taking the last
-position of the call that maps to it (in big tiles, `write_launch_config`: few of its rows store).
-Both launches are graph-capturable; T and R are shapes, so
-the choice never needs the device.
+position of the call that maps to it: one program per (sequence, channel tile) finds the last
+valid row and copies the last R valid rows (`_ring_write_kernel`). Both launches are
+graph-capturable; T and R are shapes, so the choice never needs the device.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
                        N, T, C, R, n_slots,
                        sx_b, sx_t, sr_s, sr_r, sw_c, sw_k, sp_b, sp_t, sres_b, sres_t, so_b, so_t,
                        K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                       HAS_RES: tl.constexpr, COMPUTE: tl.constexpr, WRITE: tl.constexpr):
+                       HAS_RES: tl.constexpr, WRITE: tl.constexpr):
     # A tile is BLOCK_R consecutive rows of the flattened [B * T] row index (rows of several
     # sequences when T is small: decode and verify windows waste no lanes on padding to a power of
     # two) by BLOCK_C channels. Row r is (b, t) = (r // T, r % T).
@@ -62,55 +62,78 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
     p = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=r_in, other=-1)
     valid = r_in & (p >= 0)
     valid_slot = valid & slot_ok
+    x_row = b * sx_b + t.to(tl.int64) * sx_t
+    x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=r_in[:, None] & c_in[None, :], other=0.0)
+    if HAS_RES:
+        res_row = b * sres_b + t.to(tl.int64) * sres_t
+        res = tl.load(res_ptr + res_row[:, None] + c[None, :], mask=r_in[:, None] & c_in[None, :], other=0.0)
+    conv = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(K):
+        d = K - 1 - j  # a constexpr: tap j reads position p - d
+        w_j = tl.load(w_ptr + c * sw_c + j * sw_k, mask=c_in, other=0.0).to(tl.float32)
+        if d == 0:
+            v = x_cur.to(tl.float32)
+        else:
+            tp = t - d
+            p_prev = tl.load(pos_ptr + b * sp_b + tp * sp_t, mask=r_in & (tp >= 0), other=-2)
+            q = p - d
+            from_x = valid & (q >= 0) & (p_prev == q)  # position q is row t - d of x
+            from_ring = valid_slot & (q >= 0) & (p_prev != q)
+            # one load per tap, from x or from the ring: a pointer per row (fewer registers and
+            # loads than reading both and selecting, so more programs fit an SM)
+            ring_row = slot * sr_s + (tl.where(from_ring, q, 0) % R).to(tl.int64) * sr_r
+            src = tl.where(from_x[:, None], x_ptr + (x_row - d * sx_t)[:, None] + c[None, :],
+                           ring_ptr + ring_row[:, None] + c[None, :])
+            v = tl.load(src, mask=(from_x | from_ring)[:, None] & c_in[None, :], other=0.0).to(tl.float32)
+        conv += v * w_j[None, :]
+    y = x_cur.to(tl.float32) + conv
+    if HAS_RES:
+        y = y.to(out_ptr.dtype.element_ty).to(tl.float32) + res.to(tl.float32)
+    y = tl.where(slot_ok[:, None], y, float("nan"))  # a bad slot (unchecked): visible, no memory touched
+    y = tl.where(valid[:, None], y, 0.0)
+    out_row = b * so_b + t.to(tl.int64) * so_t
+    tl.store(out_ptr + out_row[:, None] + c[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=r_in[:, None] & c_in[None, :])
+
     if WRITE:
         # a ring row takes the LAST position of this call that maps to it: skip row t when row t + R
         # (position p + R, same ring row) is in the call too (valid rows are one consecutive run)
         later = tl.load(pos_ptr + b * sp_b + (t + R) * sp_t, mask=valid & (t + R < T), other=-1)
         keep = valid_slot & (later < 0)
-    x_row = b * sx_b + t.to(tl.int64) * sx_t
-    if COMPUTE:
-        # Loads whose addresses and masks depend only on the row index are issued together, before
-        # any position is known: this row's x, the K-1 earlier rows of x and their positions (a row of
-        # the call may be padding or hold another position: the loaded values are then unused). Only
-        # the ring reads wait for the positions. One round trip to memory plus one, not K.
-        x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=r_in[:, None] & c_in[None, :], other=0.0)
-        if HAS_RES:
-            res_row = b * sres_b + t.to(tl.int64) * sres_t
-            res = tl.load(res_ptr + res_row[:, None] + c[None, :], mask=r_in[:, None] & c_in[None, :], other=0.0)
-        conv = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-        for j in tl.static_range(K):
-            d = K - 1 - j  # a constexpr: tap j reads position p - d
-            w_j = tl.load(w_ptr + c * sw_c + j * sw_k, mask=c_in, other=0.0).to(tl.float32)
-            if d == 0:
-                v = x_cur.to(tl.float32)
-            else:
-                tp = t - d
-                in_call = r_in & (tp >= 0)
-                p_prev = tl.load(pos_ptr + b * sp_b + tp * sp_t, mask=in_call, other=-2)
-                vx = tl.load(x_ptr + (x_row - d * sx_t)[:, None] + c[None, :],
-                             mask=in_call[:, None] & c_in[None, :], other=0.0)
-                q = p - d
-                from_x = valid & (q >= 0) & (p_prev == q)  # position q is row t - d of x
-                from_ring = valid_slot & (q >= 0) & (p_prev != q)
-                ring_row = slot * sr_s + (tl.where(from_ring, q, 0) % R).to(tl.int64) * sr_r
-                vr = tl.load(ring_ptr + ring_row[:, None] + c[None, :],
-                             mask=from_ring[:, None] & c_in[None, :], other=0.0)
-                v = tl.where(from_x[:, None], vx.to(tl.float32), vr.to(tl.float32))  # vr is 0 unless from_ring
-            conv += v * w_j[None, :]
-        y = x_cur.to(tl.float32) + conv
-        if HAS_RES:
-            y = y.to(out_ptr.dtype.element_ty).to(tl.float32) + res.to(tl.float32)
-        y = tl.where(slot_ok[:, None], y, float("nan"))  # a bad slot (unchecked): visible, no memory touched
-        y = tl.where(valid[:, None], y, 0.0)
-        out_row = b * so_b + t.to(tl.int64) * so_t
-        tl.store(out_ptr + out_row[:, None] + c[None, :], y.to(out_ptr.dtype.element_ty),
-                 mask=r_in[:, None] & c_in[None, :])
-
-    if WRITE:
-        if not COMPUTE:  # the write-only launch reads just the rows it writes
-            x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=keep[:, None] & c_in[None, :], other=0.0)
         ring_row = slot * sr_s + (tl.where(keep, p, 0) % R).to(tl.int64) * sr_r
         tl.store(ring_ptr + ring_row[:, None] + c[None, :], x_cur, mask=keep[:, None] & c_in[None, :])
+
+
+@triton.jit
+def _ring_write_kernel(x_ptr, ring_ptr, slot_ptr, pos_ptr, T, C, R, n_slots, sx_b, sx_t, sr_s, sr_r, sp_b, sp_t,
+                       BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+    # The ring writes of a long chunk, after every read (second launch). Program (b, channel tile):
+    # the valid rows are one run, so the ring rows the call leaves behind are those of its last
+    # min(R, count) valid rows, positions p_last - i (i < R map to distinct ring rows; every earlier
+    # position of the call maps to a ring row a later one also maps to). Find the run's last row by
+    # a scan of pos[b] (ints: cheap next to the rows), then copy those rows.
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    t_last = tl.full([BLOCK_T], -1, tl.int32)
+    count = tl.zeros([BLOCK_T], tl.int32)
+    for t0 in range(0, T, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        ok = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=t < T, other=-1) >= 0
+        t_last = tl.maximum(t_last, tl.where(ok, t, -1))
+        count += ok.to(tl.int32)
+    t_last = tl.max(t_last, 0)
+    count = tl.sum(count, 0)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    p_last = tl.load(pos_ptr + b * sp_b + tl.maximum(t_last, 0) * sp_t)
+    i = tl.arange(0, BLOCK_W)
+    # count = 0: no valid row, no write. (A vector & scalar-bool mask is spelled with where: the
+    # Triton 3.9 interpreter rejects the other spelling.)
+    keep = tl.where((slot >= 0) & (slot < n_slots), (i < R) & (i < count), False)
+    x_row = b * sx_b + (t_last - i).to(tl.int64) * sx_t
+    ring_row = slot * sr_s + (tl.where(keep, p_last - i, 0) % R).to(tl.int64) * sr_r
+    m = keep[:, None] & (c < C)[None, :]
+    v = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=m, other=0.0)
+    tl.store(ring_ptr + ring_row[:, None] + c[None, :], v, mask=m)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,21 +232,18 @@ def check_indices(slot: torch.Tensor, pos: torch.Tensor, n_slots: int) -> None:
 
 def launch_config(n_rows: int, C: int, T: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_C, num_warps) for n_rows = B * T flattened rows of C channels. Measured on the
-    H200 (docs/benchmarks/tuning.md): decode and verify windows (T <= 16) are fastest with 4 x 512
-    tiles and 8 warps, prefill chunks with 8 x 256 tiles and 4 warps."""
-    block_r, block_c, warps = (4, 512, 8) if T <= 16 else (8, 256, 4)
+    H200 (docs/benchmarks/tuning.md, A/B of 2026-12-03): decode and verify windows (T <= 16) are
+    fastest with 4 x 256 tiles and 4 warps, prefill chunks with 16 x 256 tiles and 4 warps (8 values
+    of each tensor per thread: ~70-80 registers, 6-7 programs per SM)."""
+    block_r, block_c, warps = (4, 256, 4) if T <= 16 else (16, 256, 4)
     block_c = min(block_c, max(16, triton.next_power_of_2(C)))
     return block_r, block_c, max(1, min(warps, block_r * block_c // 256))
 
 
-def write_launch_config(n_rows: int, C: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_C, num_warps) of the write-only launch of long chunks: it stores at most R
-    rows per sequence, so most of its programs only read positions. The fastest of four tiles at
-    T = 4096 on the H200 (docs/benchmarks/tuning.md): 8 x 256 / 4 warps at C <= 1024, 16 x 2048 /
-    8 warps above (1-2 % faster calls than 8 x 256 there; small margins, near run-to-run noise)."""
-    if C <= 1024:
-        return 8, max(16, min(256, triton.next_power_of_2(C))), 4
-    return 16, 2048, 8
+def write_launch_config(T: int, C: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_C, num_warps) of `_ring_write_kernel`: the scan of pos in pieces of at most
+    2048 rows, 1024 channels a program (the R rows it copies are one tile, sized by the wrapper)."""
+    return min(2048, max(16, triton.next_power_of_2(T))), max(16, min(1024, triton.next_power_of_2(C))), 4
 
 
 def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
@@ -283,10 +303,12 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
     grid = (triton.cdiv(B * T, block_r) * triton.cdiv(C, block_c),)
     meta = dict(K=K, BLOCK_R=block_r, BLOCK_C=block_c, HAS_RES=residual is not None, num_warps=num_warps)
     if T + K - 1 <= R:  # the rows this call reads and the rows it writes are disjoint: one launch
-        _short_conv_kernel[grid](*args, COMPUTE=True, WRITE=True, **meta)
+        _short_conv_kernel[grid](*args, WRITE=True, **meta)
     else:               # they may overlap: every read first, then the writes
-        _short_conv_kernel[grid](*args, COMPUTE=True, WRITE=False, **meta)
-        wr, wc, ww = write_launch_config(B * T, C)
-        _short_conv_kernel[(triton.cdiv(B * T, wr) * triton.cdiv(C, wc),)](
-            *args, COMPUTE=False, WRITE=True, **{**meta, "BLOCK_R": wr, "BLOCK_C": wc, "num_warps": ww})
+        _short_conv_kernel[grid](*args, WRITE=False, **meta)
+        bt, bc, ww = write_launch_config(T, C)
+        _ring_write_kernel[(B, triton.cdiv(C, bc))](
+            x, ring, slot, pos, T, C, R, S, x.stride(0), x.stride(1), ring.stride(0), ring.stride(1),
+            pos.stride(0), pos.stride(1), BLOCK_T=bt, BLOCK_W=max(2, triton.next_power_of_2(R)), BLOCK_C=bc,
+            num_warps=ww)
     return out

@@ -122,11 +122,11 @@ def test_kernel_matches_reference_and_twin(device, dtype, K, R, residual):
 @pytest.mark.parametrize("config", [(2, 16, 1), (4, 32, 2), (16, 8, 1)])
 def test_kernel_any_tile_shape(device, monkeypatch, config):
     """Tiles of (rows, channels) other than the default: tiles that straddle sequences (rows of the
-    flattened B * T index) and channel tiles that end inside C; the write-only launch of long chunks
-    takes the same odd tiles."""
+    flattened B * T index) and channel tiles that end inside C; the ring-write launch of long chunks
+    takes odd channel tiles too and scans pos in pieces of 8 rows (several per chunk)."""
     import inkling_fast.kernels.short_conv as module
     monkeypatch.setattr(module, "launch_config", lambda n_rows, C, T: config)
-    monkeypatch.setattr(module, "write_launch_config", lambda n_rows, C: config)
+    monkeypatch.setattr(module, "write_launch_config", lambda T, C: (8, config[1], config[2]))
     run_schedule(short_conv, torch.float32, 4, 4 + SPEC_K, device, True, seed=sum(config), twin_ring=True)
 
 
@@ -146,30 +146,63 @@ def _one_call(device, B=3, T=4, R=7, K=4, dtype=torch.float32, seed=0):
     return x, ring, weight, slot, pos, res
 
 
-@pytest.mark.parametrize("T,launches", [(1, [(True, True)]), (4, [(True, True)]),
-                                         (5, [(True, False), (False, True)]), (19, [(True, False), (False, True)])])
+ONE_LAUNCH = [("_short_conv_kernel", True)]                           # outputs and ring writes together
+TWO_LAUNCHES = [("_short_conv_kernel", False), ("_ring_write_kernel", None)]   # every read, then the writes
+
+
+@pytest.mark.parametrize("T,launches", [(1, ONE_LAUNCH), (4, ONE_LAUNCH), (5, TWO_LAUNCHES), (19, TWO_LAUNCHES)])
 def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, launches):
     """R = 7, K = 4: a call of T <= R - K + 1 = 4 rows reads and writes disjoint ring rows (one launch);
     longer calls must put every read before every write (two launches, in that order). The CPU
     interpreter runs programs one after another, so a race could not show there: this pins the split."""
     import inkling_fast.kernels.short_conv as module
 
-    real, seen = module._short_conv_kernel, []
+    seen = []
 
     class Recorder:
+        def __init__(self, name):
+            self.name, self.real = name, getattr(module, name)
+
         def __getitem__(self, grid):
             def launch(*args, **meta):
-                seen.append((meta["COMPUTE"], meta["WRITE"]))
-                return real[grid](*args, **meta)
+                seen.append((self.name, meta.get("WRITE")))
+                return self.real[grid](*args, **meta)
             return launch
 
-    monkeypatch.setattr(module, "_short_conv_kernel", Recorder())
+    for name in ("_short_conv_kernel", "_ring_write_kernel"):
+        monkeypatch.setattr(module, name, Recorder(name))
     x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=7)
     ring_twin = ring.clone()
     out = short_conv(x, ring, weight, slot, pos)
     assert seen == launches
     assert rel_l2(out, short_conv_torch(x, ring_twin, weight, slot, pos)) <= 1e-5
     assert bits_equal(ring, ring_twin)
+
+
+@pytest.mark.parametrize("valid", ["none", "lead 3 trail 10", "exactly R", "R - 2", "one", "all"])
+def test_long_chunk_ring_writes(device, valid):
+    """The ring-write launch of long chunks (T = 19 > R - K + 1, R = 7) finds each sequence's last
+    valid row itself: trailing padding longer than the ring, runs of R, fewer than R and one valid
+    rows, a sequence with none (writes nothing), and an unchecked bad slot (writes nothing)."""
+    T, R = 19, 7
+    x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=R)
+    lead, n = {"none": (0, 0), "lead 3 trail 10": (3, 6), "exactly R": (5, R), "R - 2": (0, R - 2),
+               "one": (9, 1), "all": (0, T)}[valid]
+    pos[1] = -1
+    pos[1, lead:lead + n] = torch.arange(30, 30 + n, dtype=torch.int32, device=device)
+    ring_twin = ring.clone()
+    out = short_conv(x, ring, weight, slot, pos)
+    ref = short_conv_torch(x, ring_twin, weight, slot, pos)
+    assert rel_l2(out, ref) <= 1e-5
+    assert bits_equal(ring, ring_twin)
+    slot[2] = SLOTS  # out of range, unchecked: its ring rows stay as they are, its outputs NaN
+    ring_before = ring.clone()
+    out = short_conv(x, ring, weight, slot, pos, check=False)
+    assert torch.isnan(out[2]).all()
+    ring_twin = ring_before.clone()
+    ref = short_conv_torch(x[:2], ring_twin, weight, slot[:2], pos[:2])
+    assert rel_l2(out[:2], ref) <= 1e-5
+    assert bits_equal(ring, ring_twin)  # only rows 0 and 1 wrote
 
 
 def test_residual_in_place(device):
