@@ -35,12 +35,18 @@ def _sum_squares(base, H, ok, CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
 
 
 @triton.jit
-def _embedding_piece(base, wb_ptr, o, m, ok, r1, dt: tl.constexpr):
-    """e = round(E[x] * r1 * wb) on the piece at offsets o, back in fp32: the trunk's normed embedding,
-    a model-dtype tensor in the reference."""
-    x = tl.load(base + o, mask=tl.where(ok, m, False), other=0.0).to(tl.float32)
+def _rounded_embedding(x, wb_ptr, o, m, r1, dt: tl.constexpr):
+    """e = round(E[x] * r1 * wb) at offsets o (x: the fp32 embedding values there), back in fp32: the
+    trunk's normed embedding, a model-dtype tensor in the reference."""
     wb = tl.load(wb_ptr + o, mask=m, other=0.0).to(tl.float32)
     return (x * r1 * wb).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _embedding_piece(base, wb_ptr, o, m, ok, r1, dt: tl.constexpr):
+    """`_rounded_embedding` of the piece at offsets o, read from the table row at `base`."""
+    x = tl.load(base + o, mask=tl.where(ok, m, False), other=0.0).to(tl.float32)
+    return _rounded_embedding(x, wb_ptr, o, m, r1, dt)
 
 
 @triton.jit
@@ -68,8 +74,7 @@ def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, 
             x = tl.load(table_ptr + tl.where(ok, tok, 0) * table_row + offs, mask=tl.where(ok, m, False),
                         other=0.0).to(tl.float32)
             r1 = tl.rsqrt(tl.sum(x * x, 0) / H + eps)
-            wb = tl.load(wb_ptr + offs, mask=m, other=0.0).to(tl.float32)
-            e = (x * r1 * wb).to(dt).to(tl.float32)
+            e = _rounded_embedding(x, wb_ptr, offs, m, r1, dt)
             r2 = tl.rsqrt(tl.sum(e * e, 0) / H + eps)
             we = tl.load(we_ptr + offs, mask=m, other=0.0).to(tl.float32)
             tl.store(c_ptr + row * c_row + H + offs, tl.where(ok, e * r2 * we, float("nan")).to(dt), mask=m)

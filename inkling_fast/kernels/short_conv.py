@@ -96,12 +96,10 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
              mask=r_in[:, None] & c_in[None, :])
 
     if WRITE:
-        # a ring row takes the LAST position of this call that maps to it: skip row t when row t + R
-        # (position p + R, same ring row) is in the call too (valid rows are one consecutive run)
-        later = tl.load(pos_ptr + b * sp_b + (t + R) * sp_t, mask=valid & (t + R < T), other=-1)
-        keep = valid_slot & (later < 0)
-        ring_row = slot * sr_s + (tl.where(keep, p, 0) % R).to(tl.int64) * sr_r
-        tl.store(ring_ptr + ring_row[:, None] + c[None, :], x_cur, mask=keep[:, None] & c_in[None, :])
+        # only in the one-launch case, T + K - 1 <= R: the call's T <= R positions map to distinct
+        # ring rows, so every valid row writes its own
+        ring_row = slot * sr_s + (tl.where(valid_slot, p, 0) % R).to(tl.int64) * sr_r
+        tl.store(ring_ptr + ring_row[:, None] + c[None, :], x_cur, mask=valid_slot[:, None] & c_in[None, :])
 
 
 @triton.jit
