@@ -232,10 +232,15 @@ def launch_config(n_rows: int, C: int, T: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_C, num_warps) for n_rows = B * T flattened rows of C channels. Measured on the
     H200 (docs/benchmarks/tuning.md, A/B of 2026-12-03): decode and verify windows (T <= 16) are
     fastest with 4 x 256 tiles and 4 warps, prefill chunks with 16 x 256 tiles and 4 warps (8 values
-    of each tensor per thread: ~70-80 registers, 6-7 programs per SM)."""
-    block_r, block_c, warps = (4, 256, 4) if T <= 16 else (16, 256, 4)
+    of each tensor per thread: ~70-80 registers, 6-7 programs per SM). Decode steps of up to 16
+    sequences (T = 1) take one row per program, 256 channels, 2 warps: 0.2-0.7 µs faster than 4 x 256
+    at 1 x 1 and 16 x 1 (tile sweep of 2026-12-03, fourth session)."""
+    if T == 1 and n_rows <= 16:
+        block_r, block_c, warps = 1, 256, 2
+    else:
+        block_r, block_c, warps = (4, 256, 4) if T <= 16 else (16, 256, 4)
     block_c = min(block_c, max(16, triton.next_power_of_2(C)))
-    return block_r, block_c, max(1, min(warps, block_r * block_c // 256))
+    return block_r, block_c, max(1, min(warps, block_r * block_c // 128))  # >= 1 value per thread
 
 
 def write_launch_config(T: int, C: int) -> tuple[int, int, int]:

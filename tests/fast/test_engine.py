@@ -398,11 +398,71 @@ def test_gpu_demo_caches_after_scripted_cycles(demo_ref, demo_fp32, k):
     run_scripted_cycles(demo_fp32, demo_ref, prompt, k, script, slot=5)
 
 
+def counted_accepts(result) -> list[int]:
+    """The accepted counts a of every counted cycle (full k, no EOS) of a GenerationResult."""
+    return [c.accepted for cycles in result.cycles for c in cycles if c.counted]
+
+
+def mean_se(x: list[float]) -> tuple[float, float]:
+    """(mean, standard error of the mean) of a sample of at least 2 values."""
+    m = sum(x) / len(x)
+    return m, (sum((v - m) ** 2 for v in x) / (len(x) - 1) / len(x)) ** 0.5
+
+
+def paired_cycles(a, b) -> list[tuple[int, int]]:
+    """(a's accepted count, b's) of the counted cycles that two GenerationResults of the same prompts
+    ran on identical contexts: same sequence, same start offset, and both outputs equal up to the end
+    of both cycles (so neither trunk chose differently inside them: only the drafts can differ)."""
+    pairs = []
+    for ta, tb, ca, cb in zip(a.token_ids, b.token_ids, a.cycles, b.cycles):
+        agree = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        starts = []
+        for cycles in (ca, cb):
+            offset, by_start = 1, {}            # token 0 comes from the prefill
+            for c in cycles:
+                by_start[offset] = c
+                offset += len(c.emitted)
+            starts.append(by_start)
+        for o, x in starts[0].items():
+            y = starts[1].get(o)
+            if y is not None and x.counted and y.counted and o + max(len(x.emitted), len(y.emitted)) <= agree:
+                pairs.append((x.accepted, y.accepted))
+    return pairs
+
+
+def test_paired_cycles_and_mean_se():
+    """The statistics of the bf16 test below, on hand-made records (CPU)."""
+    from types import SimpleNamespace as NS
+    from inkling_ref.generation import CycleRecord
+
+    def rec(a, emitted, counted=True):
+        return CycleRecord(k=2, drafts=[0, 0], accepted=a, emitted=emitted, counted=counted)
+
+    x = NS(token_ids=[[5, 1, 2, 3, 4, 6, 7], [9, 1, 1]],
+           cycles=[[rec(2, [1, 2, 3]), rec(0, [4]), rec(1, [6, 7])], [rec(1, [1, 1], counted=False)]])
+    y = NS(token_ids=[[5, 1, 2, 3, 4, 8, 8], [9, 1, 1]],
+           cycles=[[rec(1, [1, 2]), rec(1, [3, 4]), rec(0, [8]), rec(0, [8])], [rec(1, [1, 1])]])
+    # sequence 0: only the cycles starting at offset 1 pair (offset 3 holds a cycle of y alone; the
+    # cycles at offset 5 run past the first disagreement, token 5); sequence 1: x's cycle is not counted
+    assert paired_cycles(x, y) == [(2, 1)]
+    assert paired_cycles(y, x) == [(1, 2)]
+    m, se = mean_se([1.0, 2.0, 4.0, 5.0])
+    assert m == 3.0 and abs(se - (10 / 3 / 4) ** 0.5) < 1e-12
+
+
 @pytest.mark.gpu
 def test_gpu_demo_bf16_equals_its_plain_decoding_up_to_near_ties(demo_ref, demo_fp32):
     """bf16: speculative output == the same engine's plain decoding (k = 0), except from a first
-    divergence where the trunk's top-2 logits (fp32 reference) are within 0.05; acceptance length
-    within 5% of the fp32 engine's."""
+    divergence where the trunk's top-2 logits (fp32 reference) are within 0.05.
+
+    And bf16 drafts are as good as fp32 drafts (k = 4, 8), checked as statistics of the accepted count
+    a per cycle against the fp32 engine's:
+      * on the cycles the two engines ran on identical contexts (`paired_cycles`, at least 20), the
+        mean of the paired differences is within 3 standard errors of 0 (no bias either way);
+      * over all counted cycles, the two acceptance lengths mean(a + 1) are within 3 standard errors
+        of their difference. Once an output leaves the other at a near tie the two engines draft on
+        different text, so these are two samples; a fixed tolerance (5 % was tried) is about one
+        standard error at 8 prompts x 64 tokens, which the demo checkpoint exceeds at k = 4."""
     engine = Engine(DEMO, max_batch_size=8, max_seq_len=256, num_speculative_tokens=8, dtype=torch.bfloat16)
     prompts = demo_prompts(8)
     plain = engine.generate(prompts, max_new_tokens=64, num_speculative_tokens=0).token_ids
@@ -417,9 +477,17 @@ def test_gpu_demo_bf16_equals_its_plain_decoding_up_to_near_ties(demo_ref, demo_
             top2 = logits.topk(2).values
             assert top2[0] - top2[1] < 0.05, f"k={k}: diverged at token {j} with a trunk margin {top2[0] - top2[1]:.3f}"
         if k in (4, 8):
-            ref = demo_fp32.generate(prompts, max_new_tokens=64, num_speculative_tokens=k).stats.acceptance_length
-            got = spec.stats.acceptance_length
-            assert abs(got - ref) <= 0.05 * ref, f"k={k}: acceptance length bf16 {got:.3f} vs fp32 {ref:.3f}"
+            ref = demo_fp32.generate(prompts, max_new_tokens=64, num_speculative_tokens=k)
+            (mb, sb), (mf, sf) = mean_se(counted_accepts(spec)), mean_se(counted_accepts(ref))
+            pairs = paired_cycles(spec, ref)
+            md, sd = mean_se([x - y for x, y in pairs]) if len(pairs) >= 2 else (float("nan"), 0.0)
+            info = (f"k={k}: acceptance length bf16 {mb + 1:.3f} +- {sb:.3f} ({len(counted_accepts(spec))} cycles), "
+                    f"fp32 {mf + 1:.3f} +- {sf:.3f} ({len(counted_accepts(ref))}); {len(pairs)} paired cycles, "
+                    f"{sum(x == y for x, y in pairs)} with equal counts, mean difference {md:+.3f} +- {sd:.3f}")
+            print(info)
+            assert len(pairs) >= 20, info
+            assert abs(md) <= 3 * sd, info
+            assert abs(mb - mf) <= 3 * (sb ** 2 + sf ** 2) ** 0.5, info
 
 
 @pytest.mark.gpu
