@@ -2,7 +2,8 @@
 # Every GPU check of the project in one device call, in parallel groups (one GPU, 16 CPU cores):
 #   bash scripts/gpu_checks.sh OUT_DIR
 #   GPU_CHECKS_GROUPS="fast1 attention" bash scripts/gpu_checks.sh OUT_DIR   # only some groups
-# Groups: attention fast3 fast1 engine reference sanitizer notebooks (default: all).
+# Groups: attention fast3 fast1 engine engine_bf16 engine_graphs cli reference sanitizer notebooks
+# (default: all; the engine tests run as three groups, the longest ones on their own).
 # Writes OUT_DIR/<group>.log per group and OUT_DIR/summary.txt (the last lines of each log).
 # Notebooks under nbval need the wheels of ../shared/device/fetch-notebook-wheels.sh in .whl.
 set -u
@@ -11,7 +12,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 T=${GPU_CHECKS_TIMEOUT:-540}
 
-GROUPS_WANTED=" ${GPU_CHECKS_GROUPS:-attention fast3 fast1 engine reference sanitizer notebooks} "
+GROUPS_WANTED=" ${GPU_CHECKS_GROUPS:-attention fast3 fast1 engine engine_bf16 engine_graphs cli reference sanitizer notebooks} "
 
 run() {  # run NAME THREADS CMD...
   local name=$1 threads=$2; shift 2
@@ -28,7 +29,11 @@ run fast3     2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_lm_hea
 run fast1     2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_embed_norm.py \
                  tests/fast/test_mtp_input.py tests/fast/test_rms_norm.py tests/fast/test_swiglu.py \
                  tests/fast/test_short_conv.py
-run engine    2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py tests/test_cli.py
+ENGINE_LONG="bf16_equals or host_sync or device_uniforms"
+run engine    2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "not ($ENGINE_LONG)"
+run engine_bf16   2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "bf16_equals"
+run engine_graphs 2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "host_sync or device_uniforms"
+run cli       2  python3 -m pytest -q -p no:cacheprovider tests/test_cli.py
 run reference 4  python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/fast --ignore=tests/test_cli.py
 run sanitizer 1  compute-sanitizer --tool memcheck python3 scripts/sanitize_engine.py
 if [ -d .whl ] && [[ "$GROUPS_WANTED" == *" notebooks "* ]]; then

@@ -106,23 +106,27 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
 def _ring_write_kernel(x_ptr, ring_ptr, slot_ptr, pos_ptr, T, C, R, n_slots, sx_b, sx_t, sr_s, sr_r, sp_b, sp_t,
                        BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
     # The ring writes of a long chunk, after every read (second launch). Program (b, channel tile):
-    # the valid rows are one run, so the ring rows the call leaves behind are those of its last
-    # min(R, count) valid rows, positions p_last - i (i < R map to distinct ring rows; every earlier
-    # position of the call maps to a ring row a later one also maps to). Find the run's last row by
-    # a scan of pos[b] (ints: cheap next to the rows), then copy those rows.
+    # the valid rows are one run of consecutive positions, so the ring rows the call leaves behind
+    # are those of its last min(R, count) valid rows, positions p_last - i (i < R map to distinct
+    # ring rows; every earlier position of the call maps to a ring row a later one also maps to).
+    # One scan of pos[b] (ints: cheap next to the rows) gives the run's last row, its length and
+    # its last position (the largest valid one); the slot load goes out with it. Then the copy:
+    # two dependent round trips in all.
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
     t_last = tl.full([BLOCK_T], -1, tl.int32)
+    p_last = tl.full([BLOCK_T], -1, tl.int32)
     count = tl.zeros([BLOCK_T], tl.int32)
     for t0 in range(0, T, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
-        ok = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=t < T, other=-1) >= 0
-        t_last = tl.maximum(t_last, tl.where(ok, t, -1))
-        count += ok.to(tl.int32)
+        p = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=t < T, other=-1)
+        t_last = tl.maximum(t_last, tl.where(p >= 0, t, -1))
+        p_last = tl.maximum(p_last, p)
+        count += (p >= 0).to(tl.int32)
     t_last = tl.max(t_last, 0)
+    p_last = tl.max(p_last, 0)
     count = tl.sum(count, 0)
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    p_last = tl.load(pos_ptr + b * sp_b + tl.maximum(t_last, 0) * sp_t)
     i = tl.arange(0, BLOCK_W)
     # count = 0: no valid row, no write. (A vector & scalar-bool mask is spelled with where: the
     # Triton 3.9 interpreter rejects the other spelling.)
@@ -245,8 +249,9 @@ def launch_config(n_rows: int, C: int, T: int) -> tuple[int, int, int]:
 
 def write_launch_config(T: int, C: int) -> tuple[int, int, int]:
     """(BLOCK_T, BLOCK_C, num_warps) of `_ring_write_kernel`: the scan of pos in pieces of at most
-    2048 rows, 1024 channels a program (the R rows it copies are one tile, sized by the wrapper)."""
-    return min(2048, max(16, triton.next_power_of_2(T))), max(16, min(1024, triton.next_power_of_2(C))), 4
+    4096 rows (one piece for the usual prefill chunks), 1024 channels a program (the R rows it copies
+    are one tile, sized by the wrapper)."""
+    return min(4096, max(16, triton.next_power_of_2(T))), max(16, min(1024, triton.next_power_of_2(C))), 4
 
 
 def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
