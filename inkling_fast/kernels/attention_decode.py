@@ -209,8 +209,9 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, pos_ptr, NUM_SPLITS, NH: tl
                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
     """out[row, h] = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s.
     The position, the log-sum-exps and the partials are loaded together (one round trip to memory:
-    this kernel is pure latency at decode sizes); a padding row reads partials nobody wrote, computes
-    garbage and stores nothing."""
+    this kernel is pure latency at decode sizes). A padding row's partials were never written: they are
+    selected away (lse -> -inf, o -> 0) before any arithmetic, so that whatever the buffers held (inf
+    included) computes nothing, and the row stores nothing."""
     row = tl.program_id(0)
     h = tl.program_id(1)
     ok = tl.load(pos_ptr + row) >= 0
@@ -221,6 +222,8 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, pos_ptr, NUM_SPLITS, NH: tl
     dm = d < HD
     lse = tl.load(part_lse_ptr + base + sidx, mask=sm, other=float("-inf"))
     o = tl.load(part_o_ptr + (base + sidx)[:, None] * HD + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
+    lse = tl.where(ok, lse, float("-inf"))
+    o = tl.where(ok, o, 0.0)
     mx = tl.max(lse, 0)
     w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))
     den = tl.sum(w, 0)

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -104,6 +105,27 @@ def test_split_merge_is_stable_for_large_logits():
     for splits in (1, 4):
         out = attention_decode(q, rel, state["k_cache"], state["v_cache"], case.slot, case.pos, num_splits=splits)
         assert rel_l2(out, twin) <= 1e-5
+
+
+def test_split_merge_ignores_what_unwritten_partials_hold(monkeypatch):
+    """The split buffers come from torch.empty and padding rows never write theirs: the merge must not
+    compute on them. Buffers pre-filled with +inf (what freed memory may hold) must leave the result
+    bit-identical, the padding rows untouched, and (in the interpreter, where the merge is numpy)
+    raise no floating-point warning: inf - inf in the max shift used to reach nbval's stderr check."""
+    case = build_case(GLOBAL, [37, 44, 9], [1, 0, 1], 1, dtype=torch.float32, seed=54)
+    prep, state = prepared(case)
+    clean = run_kernel(case, prep, state, num_splits=3)
+    real_empty = torch.empty
+
+    def empty_full_of_inf(*args, **kwargs):
+        return real_empty(*args, **kwargs).fill_(float("inf"))
+
+    monkeypatch.setattr(torch, "empty", empty_full_of_inf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dirty = run_kernel(case, prep, state, num_splits=3)
+    monkeypatch.undo()
+    assert torch.equal(dirty[case.valid], clean[case.valid])
 
 
 def test_choose_num_splits():
