@@ -1,15 +1,18 @@
 """Kernel-ready weights of an `inkling_ref.InklingModel`: one dataclass per block, tensors on the
-engine's device in the engine's dtype, contiguous, in the layouts the kernels take.
+engine's device in the engine's dtype, in the layouts the kernels take (contiguous, but for the
+tap-major output-conv weights below).
 
 What changes from the reference's modules (nothing else does):
 
 * q, k, v and r projections are concatenated into one [nH*hd + 2*nKV*hd + nH*d_rel, H] matrix, so a
   block runs one GEMM for all four (their outputs are column slices of one [B, T, width] tensor).
-* short-conv weights [C, 1, K] become [C, K].
+* short-conv weights [C, 1, K] become [C, K]; those of the attention- and MLP-output convs are stored
+  tap-major (a [C, K] view of a contiguous [K, C] tensor: the short-conv kernel then reads each tap's
+  C weights as one vector, 6-8 % faster verify windows at H = 4096 / 6144, docs/benchmarks/tuning.md).
 * the MoE router bias stays float32 (it only selects experts; a bf16 copy would change which).
 
-The model itself is never modified: tensors are copied when the dtype or device differs, shared
-otherwise. Only the first `num_depths` MTP depths are taken.
+The model itself is never modified: tensors are copied when the dtype or device differs (and the
+tap-major conv weights always), shared otherwise. Only the first `num_depths` MTP depths are taken.
 """
 
 from __future__ import annotations
@@ -74,10 +77,10 @@ class BlockWeights:
     """One decoder block: a trunk layer, or the body of an MTP depth."""
     attn_norm: torch.Tensor
     attn: AttentionWeights
-    attn_conv: torch.Tensor       # [H, K]
+    attn_conv: torch.Tensor       # [H, K], tap-major: strides (1, H)
     mlp_norm: torch.Tensor
     mlp: DenseWeights | MoEWeights
-    mlp_conv: torch.Tensor        # [H, K]
+    mlp_conv: torch.Tensor        # [H, K], tap-major: strides (1, H)
 
 
 @dataclass
@@ -135,8 +138,13 @@ def from_model(model: InklingModel, num_depths: int, dtype: torch.dtype, device)
 
 def _block(block: InklingBlock, cfg: InklingConfig, t) -> BlockWeights:
     return BlockWeights(attn_norm=t(block.attn_norm.weight), attn=_attention(block.attn, cfg, t),
-                        attn_conv=t(block.attn_conv.weight[:, 0]), mlp_norm=t(block.mlp_norm.weight),
-                        mlp=_mlp(block.mlp, t), mlp_conv=t(block.mlp_conv.weight[:, 0]))
+                        attn_conv=_tap_major(block.attn_conv.weight, t), mlp_norm=t(block.mlp_norm.weight),
+                        mlp=_mlp(block.mlp, t), mlp_conv=_tap_major(block.mlp_conv.weight, t))
+
+
+def _tap_major(conv_weight: torch.Tensor, t) -> torch.Tensor:
+    """[C, 1, K] -> a [C, K] view with strides (1, C) of a contiguous [K, C] copy."""
+    return t(conv_weight[:, 0].t()).t()
 
 
 def _attention(a: Attention, cfg: InklingConfig, t) -> AttentionWeights:

@@ -10,7 +10,9 @@ pos[b, t] % R] (a bit-exact copy). Padding rows (pos = -1) read nothing, write n
 ring, and their output is 0.
 
 Shapes: x, residual, out [B, T, C] (model dtype); ring [slots, R, C] (same dtype); weight [C, K]
-or [C, 1, K]; slot int32 [B]; pos int32 [B, T]. Each row's valid positions form one run of
+or [C, 1, K], any strides: tap-major weights (weight[:, j] contiguous, the transpose of a contiguous
+[K, C]; what `inkling_fast.weights` stores) make windows and decode steps faster; slot int32 [B];
+pos int32 [B, T]. Each row's valid positions form one run of
 consecutive positions (padding may sit before or after it), and batch rows with valid positions
 use distinct slots.
 
@@ -44,7 +46,7 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
                        N, T, C, R, n_slots,
                        sx_b, sx_t, sr_s, sr_r, sw_c, sw_k, sp_b, sp_t, sres_b, sres_t, so_b, so_t,
                        K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                       HAS_RES: tl.constexpr, WRITE: tl.constexpr):
+                       HAS_RES: tl.constexpr, WRITE: tl.constexpr, T_CONST: tl.constexpr, W_TILE: tl.constexpr):
     # A tile is BLOCK_R consecutive rows of the flattened [B * T] row index (rows of several
     # sequences when T is small: decode and verify windows waste no lanes on padding to a power of
     # two) by BLOCK_C channels. Row r is (b, t) = (r // T, r % T).
@@ -55,13 +57,20 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
     c = (tl.program_id(0) % n_ct) * BLOCK_C + tl.arange(0, BLOCK_C)
     r_in = r < N
     c_in = c < C
-    b = tl.where(r_in, r // T, 0).to(tl.int64)
-    t = r % T
+    # T_CONST > 0 (windows and decode, T <= 16): the division by T is one by a constant (a multiply)
+    if T_CONST > 0:
+        b = r // T_CONST
+        t = r - b * T_CONST
+    else:
+        b = r // T
+        t = r - b * T
+    b = tl.where(r_in, b, 0).to(tl.int64)
     slot = tl.load(slot_ptr + b, mask=r_in, other=-1).to(tl.int64)
     slot_ok = (slot >= 0) & (slot < n_slots)
     p = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=r_in, other=-1)
     valid = r_in & (p >= 0)
     valid_slot = valid & slot_ok
+    p_mod = tl.where(valid, p, 0) % R  # the one division by R: tap d's ring row is p_mod - d, wrapped once
     x_row = b * sx_b + t.to(tl.int64) * sx_t
     x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=r_in[:, None] & c_in[None, :], other=0.0)
     if HAS_RES:
@@ -70,7 +79,14 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
     conv = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     for j in tl.static_range(K):
         d = K - 1 - j  # a constexpr: tap j reads position p - d
-        w_j = tl.load(w_ptr + c * sw_c + j * sw_k, mask=c_in, other=0.0).to(tl.float32)
+        if W_TILE:
+            # tap-major weights (sw_c = 1) read as a tile-shaped, row-broadcast load: each thread holds one
+            # row, so this is one vector load per thread, in the tile's own layout (a 1-D load would be
+            # re-laid out through shared memory, with barriers, for every tap)
+            w_j = tl.load(w_ptr + (c * sw_c + j * sw_k)[None, :] + 0 * r[:, None],
+                          mask=r_in[:, None] & c_in[None, :], other=0.0).to(tl.float32)
+        else:
+            w_j = tl.load(w_ptr + c * sw_c + j * sw_k, mask=c_in, other=0.0).to(tl.float32)[None, :]
         if d == 0:
             v = x_cur.to(tl.float32)
         else:
@@ -79,13 +95,15 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
             q = p - d
             from_x = valid & (q >= 0) & (p_prev == q)  # position q is row t - d of x
             from_ring = valid_slot & (q >= 0) & (p_prev != q)
+            q_mod = p_mod - d                               # q % R, as d <= K - 1 <= R
+            q_mod = tl.where(q_mod < 0, q_mod + R, q_mod)
             # one load per tap, from x or from the ring: a pointer per row (fewer registers and
             # loads than reading both and selecting, so more programs fit an SM)
-            ring_row = slot * sr_s + (tl.where(from_ring, q, 0) % R).to(tl.int64) * sr_r
+            ring_row = slot * sr_s + tl.where(from_ring, q_mod, 0).to(tl.int64) * sr_r
             src = tl.where(from_x[:, None], x_ptr + (x_row - d * sx_t)[:, None] + c[None, :],
                            ring_ptr + ring_row[:, None] + c[None, :])
             v = tl.load(src, mask=(from_x | from_ring)[:, None] & c_in[None, :], other=0.0).to(tl.float32)
-        conv += v * w_j[None, :]
+        conv += v * w_j
     y = x_cur.to(tl.float32) + conv
     if HAS_RES:
         y = y.to(out_ptr.dtype.element_ty).to(tl.float32) + res.to(tl.float32)
@@ -98,7 +116,7 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
     if WRITE:
         # only in the one-launch case, T + K - 1 <= R: the call's T <= R positions map to distinct
         # ring rows, so every valid row writes its own
-        ring_row = slot * sr_s + (tl.where(valid_slot, p, 0) % R).to(tl.int64) * sr_r
+        ring_row = slot * sr_s + tl.where(valid_slot, p_mod, 0).to(tl.int64) * sr_r
         tl.store(ring_ptr + ring_row[:, None] + c[None, :], x_cur, mask=valid_slot[:, None] & c_in[None, :])
 
 
@@ -309,7 +327,10 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
             x.stride(0), x.stride(1), ring.stride(0), ring.stride(1), w2.stride(0), w2.stride(1),
             pos.stride(0), pos.stride(1), res.stride(0), res.stride(1), out.stride(0), out.stride(1))
     grid = (triton.cdiv(B * T, block_r) * triton.cdiv(C, block_c),)
-    meta = dict(K=K, BLOCK_R=block_r, BLOCK_C=block_c, HAS_RES=residual is not None, num_warps=num_warps)
+    # windows and decode: T as a constant, and tap-major weights (C contiguous) read in the tile's layout
+    small = T <= 16
+    meta = dict(K=K, BLOCK_R=block_r, BLOCK_C=block_c, HAS_RES=residual is not None, num_warps=num_warps,
+                T_CONST=T if small else 0, W_TILE=small and w2.stride(0) == 1)
     if T + K - 1 <= R:  # the rows this call reads and the rows it writes are disjoint: one launch
         _short_conv_kernel[grid](*args, WRITE=True, **meta)
     else:               # they may overlap: every read first, then the writes

@@ -52,9 +52,18 @@ def _reference(hist: torch.Tensor, weight: torch.Tensor, seq: torch.Tensor, pos:
     return y[seq[:, None], pos.long().clamp(min=0)]
 
 
-def run_schedule(fn, dtype, K, R, device, residual: bool, seed: int, twin_ring: bool = False):
+def tap_major(weight: torch.Tensor) -> torch.Tensor:
+    """[C, 1, K] or [C, K] -> the same values as a [C, K] view with strides (1, C) (what
+    inkling_fast.weights stores: windows and decode steps read each tap's weights as one vector)."""
+    w = weight.reshape(weight.shape[0], -1)
+    return w.t().contiguous().t()
+
+
+def run_schedule(fn, dtype, K, R, device, residual: bool, seed: int, twin_ring: bool = False,
+                 weight_layout=lambda w: w):
     """Run STEPS through fn (short_conv or short_conv_torch), checking every call.
-    With twin_ring, the twin runs in lockstep on its own ring, and the rings must agree bit for bit."""
+    With twin_ring, the twin runs in lockstep on its own ring, and the rings must agree bit for bit.
+    `weight_layout` maps the [C, 1, K] weight to the layout passed in (e.g. `tap_major`)."""
     g = torch.Generator().manual_seed(seed)
     weight = randn(C, 1, K, gen=g, scale=0.5)
     L = 64
@@ -81,7 +90,7 @@ def run_schedule(fn, dtype, K, R, device, residual: bool, seed: int, twin_ring: 
             ref = (res.float() + ref.float()).to(dtype)
 
         dev = dict(device=device)
-        args = (x.to(**dev), ring, weight.to(**dev), slot.to(**dev), pos.to(**dev))
+        args = (x.to(**dev), ring, weight_layout(weight.to(**dev)), slot.to(**dev), pos.to(**dev))
         kw = {} if res is None else {"residual": res.to(**dev)}
         out = fn(*args, **kw).cpu()
         where = f"step {step} ({kind}, T={T})"
@@ -119,15 +128,27 @@ def test_kernel_matches_reference_and_twin(device, dtype, K, R, residual):
     run_schedule(short_conv, dtype, K, R, device, residual, seed=10 * K + R, twin_ring=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_kernel_tap_major_weights(device, dtype, residual):
+    """Tap-major weights (strides (1, C)): windows and decode steps (T <= 16) read them as tile-shaped
+    loads (W_TILE), prefill chunks as vectors; both against the reference and, bit for bit, the twin."""
+    assert tap_major(torch.zeros(C, 1, 4)).stride() == (1, C)
+    run_schedule(short_conv, dtype, 4, 4 + SPEC_K, device, residual, seed=77 + residual, twin_ring=True,
+                 weight_layout=tap_major)
+
+
 @pytest.mark.parametrize("config", [(2, 16, 1), (4, 32, 2), (16, 8, 1)])
-def test_kernel_any_tile_shape(device, monkeypatch, config):
+@pytest.mark.parametrize("layout", ["[C, 1, K]", "tap-major"])
+def test_kernel_any_tile_shape(device, monkeypatch, config, layout):
     """Tiles of (rows, channels) other than the default: tiles that straddle sequences (rows of the
     flattened B * T index) and channel tiles that end inside C; the ring-write launch of long chunks
     takes odd channel tiles too and scans pos in pieces of 8 rows (several per chunk)."""
     import inkling_fast.kernels.short_conv as module
     monkeypatch.setattr(module, "launch_config", lambda n_rows, C, T: config)
     monkeypatch.setattr(module, "write_launch_config", lambda T, C: (8, config[1], config[2]))
-    run_schedule(short_conv, torch.float32, 4, 4 + SPEC_K, device, True, seed=sum(config), twin_ring=True)
+    run_schedule(short_conv, torch.float32, 4, 4 + SPEC_K, device, True, seed=sum(config), twin_ring=True,
+                 weight_layout=tap_major if layout == "tap-major" else (lambda w: w))
 
 
 def test_twin_matches_reference_with_wraparound():
@@ -177,6 +198,30 @@ def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, laun
     assert seen == launches
     assert rel_l2(out, short_conv_torch(x, ring_twin, weight, slot, pos)) <= 1e-5
     assert bits_equal(ring, ring_twin)
+
+
+@pytest.mark.parametrize("T,layout,expect", [(4, "[C, K]", (4, False)), (4, "tap-major", (4, True)),
+                                               (1, "tap-major", (1, True)), (19, "tap-major", (0, False))])
+def test_launch_choices(device, monkeypatch, T, layout, expect):
+    """The measured launch choices (docs/benchmarks/tuning.md): T <= 16 divides by T as a constant; the
+    tile-shaped weight load only for tap-major weights of windows and decode steps (with [C, K] weights
+    it becomes one scalar load per element and is slower; prefill chunks keep 1-D weight loads)."""
+    import inkling_fast.kernels.short_conv as module
+
+    seen = []
+    real = module._short_conv_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                seen.append((meta["T_CONST"], meta["W_TILE"]))
+                return real[grid](*args, **meta)
+            return launch
+
+    monkeypatch.setattr(module, "_short_conv_kernel", Recorder())
+    x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=8 if T < 19 else 7)
+    short_conv(x, ring, tap_major(weight) if layout == "tap-major" else weight, slot, pos)
+    assert seen[0] == expect
 
 
 @pytest.mark.parametrize("valid", ["none", "lead 3 trail 10", "exactly R", "R - 2", "one", "all"])
@@ -278,13 +323,16 @@ def test_shape_and_dtype_errors(device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("Cg", [1024, 2048, 4096, 6144])
 @pytest.mark.parametrize("B,T", [(1, 1), (7, 1), (16, 1), (16, 4), (3, 1031)])
-def test_real_sizes(Cg, B, T, dtype):
+@pytest.mark.parametrize("layout", ["[C, 1, K]", "tap-major"])
+def test_real_sizes(Cg, B, T, dtype, layout):
     """Real widths; T = 1031 takes the two-launch path with thousands of programs (a race would show)."""
     K, R = 4, 8
     g = torch.Generator().manual_seed(Cg + B + T)
     x = randn(B, T, Cg, dtype=dtype, device="cuda", gen=g)
     ring = randn(B + 2, R, Cg, dtype=dtype, device="cuda", gen=g)
     weight = randn(Cg, 1, K, device="cuda", gen=g, scale=0.5).to(dtype)
+    if layout == "tap-major":
+        weight = tap_major(weight)
     slot = torch.randperm(B + 2, generator=g)[:B].to(torch.int32).cuda()
     start = torch.randint(0, 40, (B, 1), generator=g)
     pos = (start + torch.arange(T)).to(torch.int32)
