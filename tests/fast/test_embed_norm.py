@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import triton
 from configs import tiny_config
 from helpers import TOL, device, norm_weight, poison, randn, rel_l2, rows_per_program  # noqa: F401 (fixture)
 
@@ -40,12 +41,22 @@ def _inputs(device, dtype, V, H, ids_shape, ids_dtype, seed):
     return g, table, ids
 
 
+def split_in_two(H: int, n_rows: int) -> tuple[int, int]:
+    """Two pieces at any row count (the wrapper splits only above 64 rows): 40 = 32 + 8, 72 = 64 + 8,
+    300 = 256 + 44 of 64 lanes (the second piece masked at its end)."""
+    b1 = triton.next_power_of_2(H) // 2
+    return b1, triton.next_power_of_2(H - b1)
+
+
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("rows", [None, 4])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("V,H,ids_shape,ids_dtype", [(97, 40, (3, 5), torch.int64), (61, 72, (7,), torch.int32),
                                                       (13, 300, (2, 3), torch.int32)])
-def test_kernel_matches_twin(device, monkeypatch, dtype, V, H, ids_shape, ids_dtype, rows):
+def test_kernel_matches_twin(device, monkeypatch, dtype, V, H, ids_shape, ids_dtype, rows, split):
     rows_per_program(monkeypatch, module, rows)
+    if split:
+        monkeypatch.setattr(module, "pieces", split_in_two)
     g, table, ids = _inputs(device, dtype, V, H, ids_shape, ids_dtype, seed=V + H)
     w1, w2 = norm_weight(H, device, g), norm_weight(H, device, g).to(dtype)
     shape = ids_shape + (H,)
@@ -61,6 +72,13 @@ def test_kernel_matches_twin(device, monkeypatch, dtype, V, H, ids_shape, ids_dt
 
     e, n = embed_norm(ids, table, w1, EPS, weight2=w2, store_first=False)
     assert e is None and rel_l2(n, n_ref) <= TOL[dtype]
+
+
+def test_pieces_choice():
+    """One padded piece for powers of two and at decode sizes; two pieces above 64 rows otherwise."""
+    assert module.pieces(4096, 16384) == (4096, 0) and module.pieces(6144, 16) == (8192, 0)
+    assert module.pieces(6144, 65) == (4096, 2048) and module.pieces(300, 100) == (256, 64)
+    assert module.launch_config(6144, 4096) == (1, 4) and module.launch_config(6144, 1) == (1, 8)
 
 
 def test_out_of_range_ids(device):
