@@ -10,7 +10,8 @@ latter with the fused residual add. Batch x rows: decode (1 x 1, 16 x 1), verify
 Byte floor (E = 2 bytes per bf16 element; every row's history starts in the ring):
     x B*T*C*E + out B*T*C*E (+ residual B*T*C*E) + ring reads B*(K-1)*C*E + ring writes B*min(T, R)*C*E
     + weights C*K*E + pos 4*B*T + slot 4*B
-Every case is timed through CUDA-graph replays (device time: the wrapper's host work, ~20-40 µs per
+Weights are tap-major ([C, K] views of contiguous [K, C] tensors), the layout `inkling_fast.weights`
+gives the output convs. Every case is timed through CUDA-graph replays (device time: the wrapper's host work, ~20-40 µs per
 call, would otherwise hide kernels of under ~50 µs and make the timings noisy).
 """
 
@@ -53,7 +54,7 @@ def cases(device: str, streams=STREAMS, shapes=SHAPES) -> list[Case]:
         pos = (start + torch.arange(T)).to(torch.int32).to(device)
         return (torch.randn(B, T, C, dtype=dt, device=device),
                 torch.randn(B, R, C, dtype=dt, device=device),
-                (0.5 * torch.randn(C, 1, K, device=device)).to(dt),
+                (0.5 * torch.randn(K, C, device=device)).to(dt).t(),  # [C, K] tap-major, as the engine stores it
                 torch.randperm(B).to(torch.int32).to(device), pos,
                 torch.randn(B, T, C, dtype=dt, device=device) if residual else None,
                 torch.empty(B, T, C, dtype=dt, device=device))
