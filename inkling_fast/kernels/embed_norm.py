@@ -5,8 +5,8 @@
                                 (the MTP double norm rms(rms(E[x]; backbone_embed_norm); embed_norm))
 
 e is rounded to the table's dtype before the second norm, as in the reference, where it is a tensor
-of the model dtype. `launch_config` tokens per program, each row in one or two power-of-two pieces
-(`pieces`); fp32 math, weights multiplied in fp32.
+of the model dtype. One token per program, its row in one or two power-of-two pieces (`pieces`),
+`launch_config` warps; fp32 math, weights multiplied in fp32.
 
 Token ids outside [0, V) never touch memory outside the table: with `check_ids=False` (the
 engine's sync-free path) their rows come out NaN; with `check_ids=True` the wrapper raises first.
@@ -23,61 +23,57 @@ from .rms_norm import FLOAT_DTYPES, interpreting
 
 @triton.jit
 def _load_piece(table_ptr, w_ptr, src, ok, table_row, H, START: tl.constexpr, BLOCK: tl.constexpr):
-    """Columns [START, START + BLOCK) of the gathered rows (fp32) and of weight w; masks past H."""
+    """Columns [START, START + BLOCK) of the gathered row (fp32) and of weight w; masked past H."""
     offs = START + tl.arange(0, BLOCK)
     h_in = offs < H
-    x = tl.load(table_ptr + src[:, None] * table_row + offs[None, :], mask=ok[:, None] & h_in[None, :],
-                other=0.0).to(tl.float32)
+    x = tl.load(table_ptr + src * table_row + offs, mask=tl.where(ok, h_in, False), other=0.0).to(tl.float32)
     w = tl.load(w_ptr + offs, mask=h_in, other=0.0).to(tl.float32)
     return offs, h_in, x, w
 
 
 @triton.jit
-def _embed_norm_kernel(ids_ptr, table_ptr, w1_ptr, w2_ptr, e_ptr, n_ptr, N, V, H, table_row, eps,
-                       ROWS: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, SECOND: tl.constexpr,
-                       STORE_FIRST: tl.constexpr):
-    # A row of H columns is held as two power-of-two pieces, B1 + B2 >= H (B2 = 0: one piece), so that
-    # H = 6144 takes 4096 + 2048 lanes instead of 8192 with a quarter of them masked off.
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # ROWS tokens per program
-    r_in = row < N
-    tok = tl.load(ids_ptr + row, mask=r_in, other=0).to(tl.int64)
-    ok = r_in & (tok >= 0) & (tok < V)
+def _embed_norm_kernel(ids_ptr, table_ptr, w1_ptr, w2_ptr, e_ptr, n_ptr, V, H, table_row, eps,
+                       B1: tl.constexpr, B2: tl.constexpr, SECOND: tl.constexpr, STORE_FIRST: tl.constexpr):
+    # One token per program. Its row of H columns is held as two power-of-two pieces, B1 + B2 >= H
+    # (B2 = 0: one piece), so that H = 6144 takes 4096 + 2048 lanes instead of 8192 with a quarter of
+    # them masked off. 1-D pieces: each sum of squares is a scalar, shared by both without re-layout.
+    # (A vector & scalar-bool mask is spelled with where: the Triton 3.9 interpreter rejects `&`.)
+    row = tl.program_id(0).to(tl.int64)
+    tok = tl.load(ids_ptr + row).to(tl.int64)
+    ok = (tok >= 0) & (tok < V)
     src = tl.where(ok, tok, 0)
     o1, h1, x1, w11 = _load_piece(table_ptr, w1_ptr, src, ok, table_row, H, 0, B1)
-    ss = tl.sum(x1 * x1, axis=1)
+    ss = tl.sum(x1 * x1, 0)
     if B2 > 0:
         o2, h2, x2, w12 = _load_piece(table_ptr, w1_ptr, src, ok, table_row, H, B1, B2)
-        ss += tl.sum(x2 * x2, axis=1)
-    r1 = tl.where(ok, tl.rsqrt(ss / H + eps), float("nan"))[:, None]
-    e1 = (x1 * r1 * w11[None, :]).to(table_ptr.dtype.element_ty)
+        ss += tl.sum(x2 * x2, 0)
+    r1 = tl.where(ok, tl.rsqrt(ss / H + eps), float("nan"))   # a bad id: NaN row
+    e1 = (x1 * r1 * w11).to(table_ptr.dtype.element_ty)
     if B2 > 0:
-        e2 = (x2 * r1 * w12[None, :]).to(table_ptr.dtype.element_ty)
+        e2 = (x2 * r1 * w12).to(table_ptr.dtype.element_ty)
     if STORE_FIRST:
-        tl.store(e_ptr + row[:, None] * H + o1[None, :], e1, mask=r_in[:, None] & h1[None, :])
+        tl.store(e_ptr + row * H + o1, e1, mask=h1)
         if B2 > 0:
-            tl.store(e_ptr + row[:, None] * H + o2[None, :], e2, mask=r_in[:, None] & h2[None, :])
+            tl.store(e_ptr + row * H + o2, e2, mask=h2)
     if SECOND:
         # the second norm of e as rounded to the table's dtype (the reference's tensor)
         f1 = e1.to(tl.float32)
-        ss2 = tl.sum(f1 * f1, axis=1)
+        ss2 = tl.sum(f1 * f1, 0)
         if B2 > 0:
             f2 = e2.to(tl.float32)
-            ss2 += tl.sum(f2 * f2, axis=1)
-        r2 = tl.rsqrt(ss2 / H + eps)[:, None]
+            ss2 += tl.sum(f2 * f2, 0)
+        r2 = tl.rsqrt(ss2 / H + eps)
         w21 = tl.load(w2_ptr + o1, mask=h1, other=0.0).to(tl.float32)
-        tl.store(n_ptr + row[:, None] * H + o1[None, :], (f1 * r2 * w21[None, :]).to(table_ptr.dtype.element_ty),
-                 mask=r_in[:, None] & h1[None, :])
+        tl.store(n_ptr + row * H + o1, (f1 * r2 * w21).to(table_ptr.dtype.element_ty), mask=h1)
         if B2 > 0:
             w22 = tl.load(w2_ptr + o2, mask=h2, other=0.0).to(tl.float32)
-            tl.store(n_ptr + row[:, None] * H + o2[None, :], (f2 * r2 * w22[None, :]).to(table_ptr.dtype.element_ty),
-                     mask=r_in[:, None] & h2[None, :])
+            tl.store(n_ptr + row * H + o2, (f2 * r2 * w22).to(table_ptr.dtype.element_ty), mask=h2)
 
 
 def pieces(H: int, n_rows: int) -> tuple[int, int]:
     """(B1, B2): the lanes of a row's two pieces. Above 64 rows an H that is not a power of two is split
-    as the largest power of two below it plus the rest rounded up (6144 = 4096 + 2048: 6-14 % faster at
-    4096 and 16384 rows on the H200 than one padded piece of 8192); at decode sizes one padded piece
-    (0.1-0.6 µs faster at 1 and 16 rows). A/B of 2026-12-04 in docs/benchmarks/tuning.md."""
+    as the largest power of two below it plus the rest rounded up (6144 = 4096 + 2048); at decode sizes
+    one padded piece. A/B of 2026-12-04 in docs/benchmarks/tuning.md."""
     whole = triton.next_power_of_2(H)
     if whole == H or n_rows <= 64:
         return whole, 0
@@ -85,13 +81,13 @@ def pieces(H: int, n_rows: int) -> tuple[int, int]:
     return b1, triton.next_power_of_2(H - b1)
 
 
-def launch_config(H: int, n_rows: int) -> tuple[int, int]:
-    """(tokens per program, num_warps): one token; one padded piece takes 32 elements per thread, at most
-    8 warps (the fastest on the H200 at H = 4096 / 6144 among 1-4 tokens and 4-16 warps:
-    docs/benchmarks/tuning.md); two pieces take 4 warps (faster than 8 for 6144 = 4096 + 2048)."""
+def launch_config(H: int, n_rows: int) -> int:
+    """num_warps: one padded piece takes 32 elements per thread, at most 8 warps (the fastest on the
+    H200 at H = 4096 / 6144 among 4-16 warps: docs/benchmarks/tuning.md); two pieces take 4 warps
+    (faster than 8 for 6144 = 4096 + 2048)."""
     if pieces(H, n_rows)[1] > 0:
-        return 1, 4
-    return 1, max(1, min(8, triton.next_power_of_2(H) // 1024))
+        return 4
+    return max(1, min(8, triton.next_power_of_2(H) // 1024))
 
 
 def embed_norm_torch(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -163,11 +159,10 @@ def embed_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps
         e_buf = out if store_first else out2  # unused by the kernel when STORE_FIRST is off
         n_buf = out2 if second else out       # unused by the kernel when SECOND is off
         N = flat.numel()
-        rows, warps = launch_config(H, N)
         b1, b2 = pieces(H, N)
-        _embed_norm_kernel[(triton.cdiv(N, rows),)](flat, table, weight, weight2 if second else weight, e_buf, n_buf,
-                                                    N, V, H, table.stride(0), float(eps), ROWS=rows, B1=b1, B2=b2,
-                                                    SECOND=second, STORE_FIRST=store_first, num_warps=warps)
+        _embed_norm_kernel[(N,)](flat, table, weight, weight2 if second else weight, e_buf, n_buf, V, H,
+                                 table.stride(0), float(eps), B1=b1, B2=b2, SECOND=second,
+                                 STORE_FIRST=store_first, num_warps=launch_config(H, N))
     if not second:
         return out
     return (out if store_first else None), out2

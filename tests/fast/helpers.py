@@ -29,7 +29,7 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def rows_per_program(monkeypatch, module, rows: int | None) -> None:
-    """Make the row kernels of `module` (rms_norm, embed_norm) take `rows` rows per program
+    """Make the row kernels of `module` (rms_norm) take `rows` rows per program
     (None: the module's default launch_config), so tiles whose last rows lie past N get tested."""
     if rows is not None:
         monkeypatch.setattr(module, "launch_config", lambda H, n_rows: (rows, 2))

@@ -4,7 +4,7 @@ import pytest
 import torch
 import triton
 from configs import tiny_config
-from helpers import TOL, device, norm_weight, poison, randn, rel_l2, rows_per_program  # noqa: F401 (fixture)
+from helpers import TOL, device, norm_weight, poison, randn, rel_l2  # noqa: F401 (fixture)
 
 import inkling_fast.kernels.embed_norm as module
 from inkling_fast.kernels.embed_norm import embed_norm, embed_norm_torch
@@ -49,12 +49,13 @@ def split_in_two(H: int, n_rows: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("rows", [None, 4])
+@pytest.mark.parametrize("warps", [None, 2])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("V,H,ids_shape,ids_dtype", [(97, 40, (3, 5), torch.int64), (61, 72, (7,), torch.int32),
                                                       (13, 300, (2, 3), torch.int32)])
-def test_kernel_matches_twin(device, monkeypatch, dtype, V, H, ids_shape, ids_dtype, rows, split):
-    rows_per_program(monkeypatch, module, rows)
+def test_kernel_matches_twin(device, monkeypatch, dtype, V, H, ids_shape, ids_dtype, warps, split):
+    if warps is not None:  # a layout other than the default's (more elements per thread)
+        monkeypatch.setattr(module, "launch_config", lambda H, n_rows: warps)
     if split:
         monkeypatch.setattr(module, "pieces", split_in_two)
     g, table, ids = _inputs(device, dtype, V, H, ids_shape, ids_dtype, seed=V + H)
@@ -78,7 +79,7 @@ def test_pieces_choice():
     """One padded piece for powers of two and at decode sizes; two pieces above 64 rows otherwise."""
     assert module.pieces(4096, 16384) == (4096, 0) and module.pieces(6144, 16) == (8192, 0)
     assert module.pieces(6144, 65) == (4096, 2048) and module.pieces(300, 100) == (256, 64)
-    assert module.launch_config(6144, 4096) == (1, 4) and module.launch_config(6144, 1) == (1, 8)
+    assert module.launch_config(6144, 4096) == 4 and module.launch_config(6144, 1) == 8
 
 
 def test_out_of_range_ids(device):
