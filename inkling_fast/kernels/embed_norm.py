@@ -42,10 +42,13 @@ def _embed_norm_kernel(ids_ptr, table_ptr, w1_ptr, w2_ptr, e_ptr, n_ptr, V, H, t
     tok = tl.load(ids_ptr + row).to(tl.int64)
     ok = (tok >= 0) & (tok < V)
     src = tl.where(ok, tok, 0)
+    # both pieces are loaded before the first sum: a reduction ends in a barrier, and a load written
+    # after it would wait for it (two memory round trips instead of one)
     o1, h1, x1, w11 = _load_piece(table_ptr, w1_ptr, src, ok, table_row, H, 0, B1)
-    ss = tl.sum(x1 * x1, 0)
     if B2 > 0:
         o2, h2, x2, w12 = _load_piece(table_ptr, w1_ptr, src, ok, table_row, H, B1, B2)
+    ss = tl.sum(x1 * x1, 0)
+    if B2 > 0:
         ss += tl.sum(x2 * x2, 0)
     r1 = tl.where(ok, tl.rsqrt(ss / H + eps), float("nan"))   # a bad id: NaN row
     e1 = (x1 * r1 * w11).to(table_ptr.dtype.element_ty)
