@@ -12,9 +12,8 @@ ring, and their output is 0.
 Shapes: x, residual, out [B, T, C] (model dtype); ring [slots, R, C] (same dtype); weight [C, K]
 or [C, 1, K], any strides: tap-major weights (weight[:, j] contiguous, the transpose of a contiguous
 [K, C]; what `inkling_fast.weights` stores) make windows and decode steps faster; slot int32 [B];
-pos int32 [B, T]. Each row's valid positions form one run of
-consecutive positions (padding may sit before or after it), and batch rows with valid positions
-use distinct slots.
+pos int32 [B, T]. Each row's valid positions form one run of consecutive positions (padding may sit
+before or after it), and batch rows with valid positions use distinct slots.
 
 Tiles: a program takes BLOCK_R consecutive rows of the flattened B * T row index (so decode and
 verify windows, T = 1 or k + 1, fill whole tiles with the rows of several sequences) by BLOCK_C
