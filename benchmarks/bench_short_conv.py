@@ -11,8 +11,9 @@ Byte floor (E = 2 bytes per bf16 element; every row's history starts in the ring
     x B*T*C*E + out B*T*C*E (+ residual B*T*C*E) + ring reads B*(K-1)*C*E + ring writes B*min(T, R)*C*E
     + weights C*K*E + pos 4*B*T + slot 4*B
 Weights are tap-major ([C, K] views of contiguous [K, C] tensors), the layout `inkling_fast.weights`
-gives the output convs. Every case is timed through CUDA-graph replays (device time: the wrapper's host work, ~20-40 µs per
-call, would otherwise hide kernels of under ~50 µs and make the timings noisy).
+gives the output convs. Every case is timed through CUDA-graph replays (device time: the wrapper's
+host work, ~20-40 µs per call, would otherwise hide kernels of under ~50 µs and make the timings
+noisy).
 """
 
 from __future__ import annotations

@@ -57,12 +57,9 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
     r_in = r < N
     c_in = c < C
     # T_CONST > 0 (windows and decode, T <= 16): the division by T is one by a constant (a multiply)
-    if T_CONST > 0:
-        b = r // T_CONST
-        t = r - b * T_CONST
-    else:
-        b = r // T
-        t = r - b * T
+    TT = T_CONST if T_CONST > 0 else T
+    b = r // TT
+    t = r - b * TT
     b = tl.where(r_in, b, 0).to(tl.int64)
     slot = tl.load(slot_ptr + b, mask=r_in, other=-1).to(tl.int64)
     slot_ok = (slot >= 0) & (slot < n_slots)

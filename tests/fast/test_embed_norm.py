@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import triton
 from configs import tiny_config
 from helpers import TOL, device, norm_weight, poison, randn, rel_l2  # noqa: F401 (fixture)
 
@@ -41,13 +40,6 @@ def _inputs(device, dtype, V, H, ids_shape, ids_dtype, seed):
     return g, table, ids
 
 
-def split_in_two(H: int, n_rows: int) -> tuple[int, int]:
-    """Two pieces at any row count (the wrapper splits only above 64 rows): 40 = 32 + 8, 72 = 64 + 8,
-    300 = 256 + 44 of 64 lanes (the second piece masked at its end)."""
-    b1 = triton.next_power_of_2(H) // 2
-    return b1, triton.next_power_of_2(H - b1)
-
-
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("warps", [None, 2])
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -56,8 +48,10 @@ def split_in_two(H: int, n_rows: int) -> tuple[int, int]:
 def test_kernel_matches_twin(device, monkeypatch, dtype, V, H, ids_shape, ids_dtype, warps, split):
     if warps is not None:  # a layout other than the default's (more elements per thread)
         monkeypatch.setattr(module, "launch_config", lambda H, n_rows: warps)
-    if split:
-        monkeypatch.setattr(module, "pieces", split_in_two)
+    if split:  # two pieces at any row count (the wrapper splits only above 64 rows): 40 = 32 + 8,
+        # 72 = 64 + 8, 300 = 256 + 44 of 64 lanes (the second piece masked at its end)
+        real = module.pieces
+        monkeypatch.setattr(module, "pieces", lambda H, n_rows: real(H, 1 << 20))
     g, table, ids = _inputs(device, dtype, V, H, ids_shape, ids_dtype, seed=V + H)
     w1, w2 = norm_weight(H, device, g), norm_weight(H, device, g).to(dtype)
     shape = ids_shape + (H,)

@@ -167,15 +167,9 @@ def _one_call(device, B=3, T=4, R=7, K=4, dtype=torch.float32, seed=0):
     return x, ring, weight, slot, pos, res
 
 
-ONE_LAUNCH = [("_short_conv_kernel", True)]                           # outputs and ring writes together
-TWO_LAUNCHES = [("_short_conv_kernel", False), ("_ring_write_kernel", None)]   # every read, then the writes
-
-
-@pytest.mark.parametrize("T,launches", [(1, ONE_LAUNCH), (4, ONE_LAUNCH), (5, TWO_LAUNCHES), (19, TWO_LAUNCHES)])
-def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, launches):
-    """R = 7, K = 4: a call of T <= R - K + 1 = 4 rows reads and writes disjoint ring rows (one launch);
-    longer calls must put every read before every write (two launches, in that order). The CPU
-    interpreter runs programs one after another, so a race could not show there: this pins the split."""
+def record_launches(monkeypatch, names=("_short_conv_kernel", "_ring_write_kernel")) -> list:
+    """Wrap the named kernels of the module so that each launch appends (kernel name, its meta
+    arguments) to the returned list, then runs the real kernel."""
     import inkling_fast.kernels.short_conv as module
 
     seen = []
@@ -186,16 +180,29 @@ def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, laun
 
         def __getitem__(self, grid):
             def launch(*args, **meta):
-                seen.append((self.name, meta.get("WRITE")))
+                seen.append((self.name, meta))
                 return self.real[grid](*args, **meta)
             return launch
 
-    for name in ("_short_conv_kernel", "_ring_write_kernel"):
+    for name in names:
         monkeypatch.setattr(module, name, Recorder(name))
+    return seen
+
+
+ONE_LAUNCH = [("_short_conv_kernel", True)]                           # outputs and ring writes together
+TWO_LAUNCHES = [("_short_conv_kernel", False), ("_ring_write_kernel", None)]   # every read, then the writes
+
+
+@pytest.mark.parametrize("T,launches", [(1, ONE_LAUNCH), (4, ONE_LAUNCH), (5, TWO_LAUNCHES), (19, TWO_LAUNCHES)])
+def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, launches):
+    """R = 7, K = 4: a call of T <= R - K + 1 = 4 rows reads and writes disjoint ring rows (one launch);
+    longer calls must put every read before every write (two launches, in that order). The CPU
+    interpreter runs programs one after another, so a race could not show there: this pins the split."""
+    seen = record_launches(monkeypatch)
     x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=7)
     ring_twin = ring.clone()
     out = short_conv(x, ring, weight, slot, pos)
-    assert seen == launches
+    assert [(name, meta.get("WRITE")) for name, meta in seen] == launches
     assert rel_l2(out, short_conv_torch(x, ring_twin, weight, slot, pos)) <= 1e-5
     assert bits_equal(ring, ring_twin)
 
@@ -206,22 +213,11 @@ def test_launch_choices(device, monkeypatch, T, layout, expect):
     """The measured launch choices (docs/benchmarks/tuning.md): T <= 16 divides by T as a constant; the
     tile-shaped weight load only for tap-major weights of windows and decode steps (with [C, K] weights
     it becomes one scalar load per element and is slower; prefill chunks keep 1-D weight loads)."""
-    import inkling_fast.kernels.short_conv as module
-
-    seen = []
-    real = module._short_conv_kernel
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **meta):
-                seen.append((meta["T_CONST"], meta["W_TILE"]))
-                return real[grid](*args, **meta)
-            return launch
-
-    monkeypatch.setattr(module, "_short_conv_kernel", Recorder())
+    seen = record_launches(monkeypatch, names=("_short_conv_kernel",))
     x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=8 if T < 19 else 7)
     short_conv(x, ring, tap_major(weight) if layout == "tap-major" else weight, slot, pos)
-    assert seen[0] == expect
+    meta = seen[0][1]
+    assert (meta["T_CONST"], meta["W_TILE"]) == expect
 
 
 @pytest.mark.parametrize("valid", ["none", "lead 3 trail 10", "exactly R", "R - 2", "one", "all"])
