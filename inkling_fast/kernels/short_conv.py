@@ -15,15 +15,21 @@ or [C, 1, K], any strides: tap-major weights (weight[:, j] contiguous, the trans
 pos int32 [B, T]. Each row's valid positions form one run of consecutive positions (padding may sit
 before or after it), and batch rows with valid positions use distinct slots.
 
-Tiles: a program takes BLOCK_R consecutive rows of the flattened B * T row index (so decode and
-verify windows, T = 1 or k + 1, fill whole tiles with the rows of several sequences) by BLOCK_C
-channels; `launch_config` picks the tile from host-known sizes. The grid is 1-D with the channel
-tiles of a row tile next to each other.
+Two kernels, chosen from host-known sizes (`launch_config`, `strip_launch_config`):
+  * tiles, for decode steps and verify / draft windows (T <= 16) and for K > 4: a program takes
+    BLOCK_R consecutive rows of the flattened B * T row index (so windows, T = 1 or k + 1, fill whole
+    tiles with the rows of several sequences) by BLOCK_C channels; each tap is a load of the tile's
+    rows shifted by d, from x or from the ring. The grid is 1-D, channel tiles of a row tile adjacent.
+  * strips, for chunks of T > 16 rows (prefill) with K <= 4: a program walks L rows of one sequence
+    over BLOCK_C channels, the K-1 previous inputs held in registers, so x is read once; x and the
+    residual are loaded four rows ahead of the row being computed (four buffers), so that four rows of
+    loads are in flight per warp. Measured on the H200: 66 -> 89 % of copy bandwidth at C = 6144
+    (docs/benchmarks/tuning.md).
 
 Races: a call reads ring rows of the K-1 positions before its first one and writes the rows of
 its own positions. When T + K - 1 <= R these rows are all distinct and one launch does both.
 Otherwise (long prefill chunks) the wrapper splits the work in two launches on the stream: first
-every output (ring reads, no writes), then the ring writes, each ring row taking the last
+every output (ring reads, no writes; tiles or strips), then the ring writes, each ring row taking the last
 position of the call that maps to it: one program per (sequence, channel tile) finds the last
 valid row and copies the last R valid rows (`_ring_write_kernel`). Both launches are
 graph-capturable; T and R are shapes, so the choice never needs the device.
@@ -114,6 +120,135 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
         # ring rows, so every valid row writes its own
         ring_row = slot * sr_s + tl.where(valid_slot, p_mod, 0).to(tl.int64) * sr_r
         tl.store(ring_ptr + ring_row[:, None] + c[None, :], x_cur, mask=valid_slot[:, None] & c_in[None, :])
+
+
+@triton.jit
+def _strip_hist(d: tl.constexpr, t, p, b, slot, slot_ok, c, c_in, x_ptr, ring_ptr, pos_ptr, R,
+                sx_b, sx_t, sr_s, sr_r, sp_b, sp_t):
+    # The input at position q = p - d, for the row t (position p) where a strip's run of valid rows
+    # starts: row t - d of x when it holds q, else the ring row q % R, else (q < 0) zero. p = -1: zero.
+    q = p - d
+    tp = t - d
+    p_prev = tl.load(pos_ptr + b * sp_b + tl.maximum(tp, 0) * sp_t)
+    from_x = (q >= 0) & (tp >= 0) & (p_prev == q)
+    from_ring = (q >= 0) & (~from_x) & slot_ok
+    x_src = x_ptr + b * sx_b + tl.maximum(tp, 0).to(tl.int64) * sx_t + c
+    ring_src = ring_ptr + slot * sr_s + (tl.maximum(q, 0) % R).to(tl.int64) * sr_r + c
+    # (a vector & scalar-bool mask is spelled with where: the Triton 3.9 interpreter rejects the other)
+    return tl.load(tl.where(from_x, x_src, ring_src), mask=tl.where(from_x | from_ring, c_in, False), other=0.0)
+
+
+@triton.jit
+def _strip_load(t, t_end, x_row, res_row, c_in, sx_t, sres_t, HAS_RES: tl.constexpr):
+    # row t of x and of the residual (zeros past the strip's last row)
+    m = tl.where(t < t_end, c_in, False)
+    xv = tl.load(x_row + t.to(tl.int64) * sx_t, mask=m, other=0.0)
+    rv = xv
+    if HAS_RES:
+        rv = tl.load(res_row + t.to(tl.int64) * sres_t, mask=m, other=0.0)
+    return xv, rv
+
+
+@triton.jit
+def _strip_row(t, xv, rv, h1, h2, h3, w0, w1, w2, w3, t_first, t_stop, p_first, t_end, b, slot, slot_ok, c, c_in,
+               ring_ptr, out_ptr, R, sr_s, sr_r, so_b, so_t,
+               K: tl.constexpr, HAS_RES: tl.constexpr, WRITE: tl.constexpr):
+    # One output row t of a strip, from its input xv and the inputs h1, h2, h3 at positions p-1, p-2, p-3
+    # (model dtype); w_d: fp32 weights of tap d (w[:, K-1-d]). Returns the history for row t + 1.
+    # The taps are summed in the tile kernel's order (d = K-1 first), so the two agree bit for bit.
+    valid = (t >= t_first) & (t < t_stop)  # the strip's run: row t at position p_first + t - t_first
+    xf = xv.to(tl.float32)
+    conv = tl.zeros_like(xf)
+    if K >= 4:
+        conv += h3.to(tl.float32) * w3
+    if K >= 3:
+        conv += h2.to(tl.float32) * w2
+    if K >= 2:
+        conv += h1.to(tl.float32) * w1
+    conv += xf * w0
+    y = xf + conv
+    if HAS_RES:
+        y = y.to(out_ptr.dtype.element_ty).to(tl.float32) + rv.to(tl.float32)
+    y = tl.where(slot_ok, y, float("nan"))  # a bad slot (unchecked): visible, no memory touched
+    y = tl.where(valid, y, 0.0)
+    tl.store(out_ptr + b * so_b + t.to(tl.int64) * so_t + c, y.to(out_ptr.dtype.element_ty),
+             mask=tl.where(t < t_end, c_in, False))
+    if WRITE:  # only when T + K - 1 <= R (see the tile kernel)
+        ring_row = (tl.where(valid, p_first + t - t_first, 0) % R).to(tl.int64)
+        tl.store(ring_ptr + slot * sr_s + ring_row * sr_r + c, xv, mask=tl.where(valid & slot_ok, c_in, False))
+    # shift the history on valid rows only (rows before the run keep the run's first history)
+    return tl.where(valid, xv, h1), tl.where(valid, h1, h2), tl.where(valid, h2, h3)
+
+
+@triton.jit
+def _strip_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_ptr,
+                  T, C, R, n_slots,
+                  sx_b, sx_t, sr_s, sr_r, sw_c, sw_k, sp_b, sp_t, sres_b, sres_t, so_b, so_t,
+                  K: tl.constexpr, L: tl.constexpr, BLOCK_C: tl.constexpr, HAS_RES: tl.constexpr,
+                  WRITE: tl.constexpr):
+    # Program (sequence b, strip of rows t0 .. t0 + L - 1, channel tile), channel tiles adjacent on
+    # the 1-D grid. K <= 4: the history is three registers h1, h2, h3 (unused ones stay zero).
+    n_ct = tl.cdiv(C, BLOCK_C)
+    n_strips = tl.cdiv(T, L)
+    pid = tl.program_id(0)
+    c = (pid % n_ct) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_in = c < C
+    t0 = ((pid // n_ct) % n_strips) * L
+    b = (pid // (n_ct * n_strips)).to(tl.int64)
+    t_end = tl.minimum(t0 + L, T)
+    x_row = x_ptr + b * sx_b + c
+    res_row = res_ptr + b * sres_b + c
+    # the first four rows' loads go out before anything else
+    xa, ra = _strip_load(t0, t_end, x_row, res_row, c_in, sx_t, sres_t, HAS_RES)
+    xb, rb = _strip_load(t0 + 1, t_end, x_row, res_row, c_in, sx_t, sres_t, HAS_RES)
+    xc, rc = _strip_load(t0 + 2, t_end, x_row, res_row, c_in, sx_t, sres_t, HAS_RES)
+    xd, rd = _strip_load(t0 + 3, t_end, x_row, res_row, c_in, sx_t, sres_t, HAS_RES)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    slot_ok = (slot >= 0) & (slot < n_slots)
+    # The strip's valid rows are one run (the index contract): t_first <= t < t_stop, row t_first at
+    # position p_first (the smallest). One scan of L positions instead of a load per row.
+    tt = t0 + tl.arange(0, L)
+    pp = tl.load(pos_ptr + b * sp_b + tl.minimum(tt, T - 1) * sp_t)
+    ok = (tt < t_end) & (pp >= 0)
+    t_first = tl.min(tl.where(ok, tt, t_end), 0)
+    t_stop = tl.max(tl.where(ok, tt + 1, 0), 0)
+    p_first = tl.where(t_first < t_stop, tl.min(tl.where(ok, pp, 2147483647), 0), -1)
+    w0 = tl.load(w_ptr + c * sw_c + (K - 1) * sw_k, mask=c_in, other=0.0).to(tl.float32)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    h1 = tl.zeros([BLOCK_C], dtype=x_ptr.dtype.element_ty)
+    h2 = h1
+    h3 = h1
+    if K >= 2:
+        w1 = tl.load(w_ptr + c * sw_c + (K - 2) * sw_k, mask=c_in, other=0.0).to(tl.float32)
+        h1 = _strip_hist(1, t_first, p_first, b, slot, slot_ok, c, c_in, x_ptr, ring_ptr, pos_ptr, R,
+                         sx_b, sx_t, sr_s, sr_r, sp_b, sp_t)
+    if K >= 3:
+        w2 = tl.load(w_ptr + c * sw_c + (K - 3) * sw_k, mask=c_in, other=0.0).to(tl.float32)
+        h2 = _strip_hist(2, t_first, p_first, b, slot, slot_ok, c, c_in, x_ptr, ring_ptr, pos_ptr, R,
+                         sx_b, sx_t, sr_s, sr_r, sp_b, sp_t)
+    if K >= 4:
+        w3 = tl.load(w_ptr + c * sw_c + (K - 4) * sw_k, mask=c_in, other=0.0).to(tl.float32)
+        h3 = _strip_hist(3, t_first, p_first, b, slot, slot_ok, c, c_in, x_ptr, ring_ptr, pos_ptr, R,
+                         sx_b, sx_t, sr_s, sr_r, sp_b, sp_t)
+    # Four rows per iteration; each buffer is refilled with the row four ahead as soon as its row is
+    # done (buffers are only ever overwritten by loads: no copies at the loop's back edge, which would
+    # wait for the loads to land).
+    for i in range(0, L, 4):
+        t = t0 + i
+        h1, h2, h3 = _strip_row(t, xa, ra, h1, h2, h3, w0, w1, w2, w3, t_first, t_stop, p_first, t_end, b, slot,
+                                slot_ok, c, c_in, ring_ptr, out_ptr, R, sr_s, sr_r, so_b, so_t, K, HAS_RES, WRITE)
+        xa, ra = _strip_load(t + 4, t_end, x_row, res_row, c_in, sx_t, sres_t, HAS_RES)
+        h1, h2, h3 = _strip_row(t + 1, xb, rb, h1, h2, h3, w0, w1, w2, w3, t_first, t_stop, p_first, t_end, b, slot,
+                                slot_ok, c, c_in, ring_ptr, out_ptr, R, sr_s, sr_r, so_b, so_t, K, HAS_RES, WRITE)
+        xb, rb = _strip_load(t + 5, t_end, x_row, res_row, c_in, sx_t, sres_t, HAS_RES)
+        h1, h2, h3 = _strip_row(t + 2, xc, rc, h1, h2, h3, w0, w1, w2, w3, t_first, t_stop, p_first, t_end, b, slot,
+                                slot_ok, c, c_in, ring_ptr, out_ptr, R, sr_s, sr_r, so_b, so_t, K, HAS_RES, WRITE)
+        xc, rc = _strip_load(t + 6, t_end, x_row, res_row, c_in, sx_t, sres_t, HAS_RES)
+        h1, h2, h3 = _strip_row(t + 3, xd, rd, h1, h2, h3, w0, w1, w2, w3, t_first, t_stop, p_first, t_end, b, slot,
+                                slot_ok, c, c_in, ring_ptr, out_ptr, R, sr_s, sr_r, so_b, so_t, K, HAS_RES, WRITE)
+        xd, rd = _strip_load(t + 7, t_end, x_row, res_row, c_in, sx_t, sres_t, HAS_RES)
 
 
 @triton.jit
@@ -247,10 +382,10 @@ def check_indices(slot: torch.Tensor, pos: torch.Tensor, n_slots: int) -> None:
 
 
 def launch_config(n_rows: int, C: int, T: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_C, num_warps) for n_rows = B * T flattened rows of C channels. Measured on the
-    H200 (docs/benchmarks/tuning.md, A/B of 2026-12-03): decode and verify windows (T <= 16) are
-    fastest with 4 x 256 tiles and 4 warps, prefill chunks with 16 x 256 tiles and 4 warps (8 values
-    of each tensor per thread: ~70-80 registers, 6-7 programs per SM). Decode steps of up to 16
+    """(BLOCK_R, BLOCK_C, num_warps) of the tile kernel for n_rows = B * T flattened rows of C channels.
+    Measured on the H200 (docs/benchmarks/tuning.md, A/B of 2026-12-03): decode and verify windows
+    (T <= 16) are fastest with 4 x 256 tiles and 4 warps, long chunks (now only those with K > 4: the
+    others take strips) with 16 x 256 tiles and 4 warps. Decode steps of up to 16
     sequences (T = 1) take one row per program, 256 channels, 2 warps: 0.2-0.7 µs faster than 4 x 256
     at 1 x 1 and 16 x 1 (tile sweep of 2026-12-03, fourth session)."""
     if T == 1 and n_rows <= 16:
@@ -259,6 +394,18 @@ def launch_config(n_rows: int, C: int, T: int) -> tuple[int, int, int]:
         block_r, block_c, warps = (4, 256, 4) if T <= 16 else (16, 256, 4)
     block_c = min(block_c, max(16, triton.next_power_of_2(C)))
     return block_r, block_c, max(1, min(warps, block_r * block_c // 128))  # >= 1 value per thread
+
+
+STRIP_MIN_T = 17   # chunks of more rows than a verify / draft window take the strip kernel (K <= 4)
+STRIP_MAX_K = 4
+
+
+def strip_launch_config(C: int) -> tuple[int, int, int]:
+    """(L, BLOCK_C, num_warps) of `_strip_kernel`: 32 rows, one warp, 128 channels (4 per thread) at
+    C >= 4096 and 256 below. Measured on the H200 (docs/benchmarks/tuning.md, A/B of 2026-12-04):
+    within 2 % of the best of seven tiles at C = 6144 / 4096 / 2048 and the best at C = 1024 (where
+    more rows per strip leave SMs idle: 4 x 4096 rows make 2048 programs of 32 rows)."""
+    return 32, (128 if C >= 4096 else 256), 1
 
 
 def write_launch_config(T: int, C: int) -> tuple[int, int, int]:
@@ -317,20 +464,25 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
             raise RuntimeError("check=True syncs with the device; pass check=False inside a CUDA graph")
         check_indices(slot, pos, S)
 
-    block_r, block_c, num_warps = launch_config(B * T, C, T)
-    res = residual if residual is not None else x  # unused by the kernel when HAS_RES is off
-    args = (x, ring, w2, slot, pos, res, out, B * T, T, C, R, S,
-            x.stride(0), x.stride(1), ring.stride(0), ring.stride(1), w2.stride(0), w2.stride(1),
-            pos.stride(0), pos.stride(1), res.stride(0), res.stride(1), out.stride(0), out.stride(1))
-    grid = (triton.cdiv(B * T, block_r) * triton.cdiv(C, block_c),)
-    # windows and decode: T as a constant, and tap-major weights (C contiguous) read in the tile's layout
-    small = T <= 16
-    meta = dict(K=K, BLOCK_R=block_r, BLOCK_C=block_c, HAS_RES=residual is not None, num_warps=num_warps,
-                T_CONST=T if small else 0, W_TILE=small and w2.stride(0) == 1)
-    if T + K - 1 <= R:  # the rows this call reads and the rows it writes are disjoint: one launch
-        _short_conv_kernel[grid](*args, WRITE=True, **meta)
-    else:               # they may overlap: every read first, then the writes
-        _short_conv_kernel[grid](*args, WRITE=False, **meta)
+    res = residual if residual is not None else x  # unused by the kernels when HAS_RES is off
+    strides = (x.stride(0), x.stride(1), ring.stride(0), ring.stride(1), w2.stride(0), w2.stride(1),
+               pos.stride(0), pos.stride(1), res.stride(0), res.stride(1), out.stride(0), out.stride(1))
+    one_launch = T + K - 1 <= R  # the rows this call reads and the rows it writes are disjoint
+    if T >= STRIP_MIN_T and K <= STRIP_MAX_K:
+        L, block_c, num_warps = strip_launch_config(C)
+        _strip_kernel[(B * triton.cdiv(T, L) * triton.cdiv(C, block_c),)](
+            x, ring, w2, slot, pos, res, out, T, C, R, S, *strides, K=K, L=L, BLOCK_C=block_c,
+            HAS_RES=residual is not None, WRITE=one_launch, num_warps=num_warps)
+    else:
+        block_r, block_c, num_warps = launch_config(B * T, C, T)
+        grid = (triton.cdiv(B * T, block_r) * triton.cdiv(C, block_c),)
+        # windows and decode: T as a constant, tap-major weights (C contiguous) read in the tile's layout
+        small = T <= 16
+        _short_conv_kernel[grid](x, ring, w2, slot, pos, res, out, B * T, T, C, R, S, *strides,
+                                 K=K, BLOCK_R=block_r, BLOCK_C=block_c, HAS_RES=residual is not None,
+                                 WRITE=one_launch, T_CONST=T if small else 0, W_TILE=small and w2.stride(0) == 1,
+                                 num_warps=num_warps)
+    if not one_launch:  # the reads and writes may overlap: every read above, then the writes
         bt, bc, ww = write_launch_config(T, C)
         _ring_write_kernel[(B, triton.cdiv(C, bc))](
             x, ring, slot, pos, T, C, R, S, x.stride(0), x.stride(1), ring.stride(0), ring.stride(1),

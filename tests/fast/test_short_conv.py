@@ -122,9 +122,10 @@ def test_twin_matches_reference_flat(dtype, K, residual):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("K,R", [(4, 4 + SPEC_K), (2, 2 + SPEC_K), (4, 11)])
+@pytest.mark.parametrize("K,R", [(4, 4 + SPEC_K), (2, 2 + SPEC_K), (4, 11), (5, 5 + SPEC_K)])
 @pytest.mark.parametrize("residual", [False, True])
 def test_kernel_matches_reference_and_twin(device, dtype, K, R, residual):
+    """K <= 4: the chunk of T = 17 takes the strip kernel, the others tiles; K = 5: tiles throughout."""
     run_schedule(short_conv, dtype, K, R, device, residual, seed=10 * K + R, twin_ring=True)
 
 
@@ -149,6 +150,22 @@ def test_kernel_any_tile_shape(device, monkeypatch, config, layout):
     monkeypatch.setattr(module, "write_launch_config", lambda T, C: (8, config[1], config[2]))
     run_schedule(short_conv, torch.float32, 4, 4 + SPEC_K, device, True, seed=sum(config), twin_ring=True,
                  weight_layout=tap_major if layout == "tap-major" else (lambda w: w))
+
+
+@pytest.mark.parametrize("config", [(4, 16, 1), (8, 32, 2), (16, 8, 1)])
+@pytest.mark.parametrize("K", [4, 3])
+def test_kernel_any_strip_shape(device, monkeypatch, config, K):
+    """Strips of 4, 8 and 16 rows (L, BLOCK_C, warps) with channel tiles that end inside C, every chunk
+    of the schedule (T = 10, 9, 17) taking them: several strips per sequence (the history carried in
+    from the strip before, through x), runs that start inside a strip after leading padding (history
+    from the ring) and strips of padding only."""
+    import inkling_fast.kernels.short_conv as module
+    monkeypatch.setattr(module, "STRIP_MIN_T", 5)
+    monkeypatch.setattr(module, "strip_launch_config", lambda C: config)
+    seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_strip_kernel", "_ring_write_kernel"))
+    run_schedule(short_conv, torch.float32, K, K + SPEC_K, device, True, seed=sum(config) + K, twin_ring=True,
+                 weight_layout=tap_major)
+    assert sum(name == "_strip_kernel" for name, _ in seen) == 3  # one launch per chunk
 
 
 def test_twin_matches_reference_with_wraparound():
@@ -191,15 +208,18 @@ def record_launches(monkeypatch, names=("_short_conv_kernel", "_ring_write_kerne
 
 ONE_LAUNCH = [("_short_conv_kernel", True)]                           # outputs and ring writes together
 TWO_LAUNCHES = [("_short_conv_kernel", False), ("_ring_write_kernel", None)]   # every read, then the writes
+STRIP_ONE = [("_strip_kernel", True)]
+STRIP_TWO = [("_strip_kernel", False), ("_ring_write_kernel", None)]
 
 
-@pytest.mark.parametrize("T,launches", [(1, ONE_LAUNCH), (4, ONE_LAUNCH), (5, TWO_LAUNCHES), (19, TWO_LAUNCHES)])
-def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, launches):
-    """R = 7, K = 4: a call of T <= R - K + 1 = 4 rows reads and writes disjoint ring rows (one launch);
-    longer calls must put every read before every write (two launches, in that order). The CPU
-    interpreter runs programs one after another, so a race could not show there: this pins the split."""
-    seen = record_launches(monkeypatch)
-    x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=7)
+@pytest.mark.parametrize("T,R,launches", [(1, 7, ONE_LAUNCH), (4, 7, ONE_LAUNCH), (5, 7, TWO_LAUNCHES),
+                                          (19, 7, STRIP_TWO), (19, 22, STRIP_ONE), (19, 21, STRIP_TWO)])
+def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, R, launches):
+    """K = 4: a call of T <= R - K + 1 rows reads and writes disjoint ring rows (one launch); longer
+    calls must put every read before every write (two launches, in that order), tiles or strips. The
+    CPU interpreter runs programs one after another, so a race could not show there: this pins the split."""
+    seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_strip_kernel", "_ring_write_kernel"))
+    x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=R)
     ring_twin = ring.clone()
     out = short_conv(x, ring, weight, slot, pos)
     assert [(name, meta.get("WRITE")) for name, meta in seen] == launches
@@ -207,17 +227,21 @@ def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, laun
     assert bits_equal(ring, ring_twin)
 
 
-@pytest.mark.parametrize("T,layout,expect", [(4, "[C, K]", (4, False)), (4, "tap-major", (4, True)),
-                                               (1, "tap-major", (1, True)), (19, "tap-major", (0, False))])
-def test_launch_choices(device, monkeypatch, T, layout, expect):
-    """The measured launch choices (docs/benchmarks/tuning.md): T <= 16 divides by T as a constant; the
-    tile-shaped weight load only for tap-major weights of windows and decode steps (with [C, K] weights
-    it becomes one scalar load per element and is slower; prefill chunks keep 1-D weight loads)."""
-    seen = record_launches(monkeypatch, names=("_short_conv_kernel",))
-    x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=8 if T < 19 else 7)
+@pytest.mark.parametrize("T,K,layout,expect", [
+    (4, 4, "[C, K]", ("_short_conv_kernel", 4, False)), (4, 4, "tap-major", ("_short_conv_kernel", 4, True)),
+    (1, 4, "tap-major", ("_short_conv_kernel", 1, True)), (16, 4, "tap-major", ("_short_conv_kernel", 16, True)),
+    (17, 4, "tap-major", ("_strip_kernel", None, None)), (19, 2, "[C, K]", ("_strip_kernel", None, None)),
+    (19, 5, "tap-major", ("_short_conv_kernel", 0, False))])
+def test_launch_choices(device, monkeypatch, T, K, layout, expect):
+    """The measured launch choices (docs/benchmarks/tuning.md): chunks of T > 16 rows take strips when
+    K <= 4; tiles otherwise, dividing by T as a constant when T <= 16, with the tile-shaped weight load
+    only for tap-major weights of windows and decode steps (with [C, K] weights it becomes one scalar
+    load per element and is slower; tiles of long chunks keep 1-D weight loads)."""
+    seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_strip_kernel"))
+    x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=8, K=K)
     short_conv(x, ring, tap_major(weight) if layout == "tap-major" else weight, slot, pos)
-    meta = seen[0][1]
-    assert (meta["T_CONST"], meta["W_TILE"]) == expect
+    name, meta = seen[0]
+    assert (name, meta.get("T_CONST"), meta.get("W_TILE")) == expect
 
 
 @pytest.mark.parametrize("valid", ["none", "lead 3 trail 10", "exactly R", "R - 2", "one", "all"])
