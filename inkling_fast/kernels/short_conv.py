@@ -47,37 +47,59 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_ptr,
+def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_ptr, zero_ptr,
                        N, T, C, R, n_slots,
                        sx_b, sx_t, sr_s, sr_r, sw_c, sw_k, sp_b, sp_t, sres_b, sres_t, so_b, so_t,
                        K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                       HAS_RES: tl.constexpr, WRITE: tl.constexpr, T_CONST: tl.constexpr, W_TILE: tl.constexpr):
+                       HAS_RES: tl.constexpr, WRITE: tl.constexpr, T_CONST: tl.constexpr, W_TILE: tl.constexpr,
+                       LEAN: tl.constexpr):
     # A tile is BLOCK_R consecutive rows of the flattened [B * T] row index (rows of several
     # sequences when T is small: decode and verify windows waste no lanes on padding to a power of
     # two) by BLOCK_C channels. Row r is (b, t) = (r // T, r % T).
     # Channel tiles vary fastest along the 1-D grid: programs running together cover whole rows
     # (contiguous memory), not one channel strip of many rows (short runs, rows of C apart).
+    # LEAN (large windows; the wrapper checks C % BLOCK_C == 0 and that every offset fits int32):
+    # fewer instructions per element, for a kernel near the SM's issue limit there: int32 offsets,
+    # no channel masks, and no row masks on loads: rows past N re-read row N - 1 (their stores stay
+    # masked), and a tap that reads nothing reads the zero row `zero_ptr` instead of a masked load.
     n_ct = tl.cdiv(C, BLOCK_C)
     r = (tl.program_id(0) // n_ct) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = (tl.program_id(0) % n_ct) * BLOCK_C + tl.arange(0, BLOCK_C)
     r_in = r < N
-    c_in = c < C
+    if LEAN:
+        c_in = c >= 0  # all true: the compiler drops the channel masks
+        r_ld = tl.minimum(r, N - 1)
+    else:
+        c_in = c < C
+        r_ld = r
     # T_CONST > 0 (windows and decode, T <= 16): the division by T is one by a constant (a multiply)
     TT = T_CONST if T_CONST > 0 else T
-    b = r // TT
-    t = r - b * TT
-    b = tl.where(r_in, b, 0).to(tl.int64)
-    slot = tl.load(slot_ptr + b, mask=r_in, other=-1).to(tl.int64)
+    b = r_ld // TT
+    t = r_ld - b * TT
+    if LEAN:
+        t_off = t
+        slot = tl.load(slot_ptr + b)
+        p = tl.where(r_in, tl.load(pos_ptr + b * sp_b + t * sp_t), -1)
+    else:
+        b = tl.where(r_in, b, 0).to(tl.int64)
+        t_off = t.to(tl.int64)
+        slot = tl.load(slot_ptr + b, mask=r_in, other=-1).to(tl.int64)
+        p = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=r_in, other=-1)
     slot_ok = (slot >= 0) & (slot < n_slots)
-    p = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=r_in, other=-1)
     valid = r_in & (p >= 0)
     valid_slot = valid & slot_ok
+    ld_mask = r_in[:, None] & c_in[None, :]  # (not used when LEAN)
     p_mod = tl.where(valid, p, 0) % R  # the one division by R: tap d's ring row is p_mod - d, wrapped once
-    x_row = b * sx_b + t.to(tl.int64) * sx_t
-    x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=r_in[:, None] & c_in[None, :], other=0.0)
-    if HAS_RES:
-        res_row = b * sres_b + t.to(tl.int64) * sres_t
-        res = tl.load(res_ptr + res_row[:, None] + c[None, :], mask=r_in[:, None] & c_in[None, :], other=0.0)
+    x_row = b * sx_b + t_off * sx_t
+    res_row = b * sres_b + t_off * sres_t
+    if LEAN:
+        x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :])
+        if HAS_RES:
+            res = tl.load(res_ptr + res_row[:, None] + c[None, :])
+    else:
+        x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=ld_mask, other=0.0)
+        if HAS_RES:
+            res = tl.load(res_ptr + res_row[:, None] + c[None, :], mask=ld_mask, other=0.0)
     conv = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     for j in tl.static_range(K):
         d = K - 1 - j  # a constexpr: tap j reads position p - d
@@ -85,15 +107,21 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
             # tap-major weights (sw_c = 1) read as a tile-shaped, row-broadcast load: each thread holds one
             # row, so this is one vector load per thread, in the tile's own layout (a 1-D load would be
             # re-laid out through shared memory, with barriers, for every tap)
-            w_j = tl.load(w_ptr + (c * sw_c + j * sw_k)[None, :] + 0 * r[:, None],
-                          mask=r_in[:, None] & c_in[None, :], other=0.0).to(tl.float32)
+            w_ptrs = w_ptr + (c * sw_c + j * sw_k)[None, :] + 0 * r[:, None]
+            if LEAN:
+                w_j = tl.load(w_ptrs).to(tl.float32)
+            else:
+                w_j = tl.load(w_ptrs, mask=ld_mask, other=0.0).to(tl.float32)
         else:
             w_j = tl.load(w_ptr + c * sw_c + j * sw_k, mask=c_in, other=0.0).to(tl.float32)[None, :]
         if d == 0:
             v = x_cur.to(tl.float32)
         else:
             tp = t - d
-            p_prev = tl.load(pos_ptr + b * sp_b + tp * sp_t, mask=r_in & (tp >= 0), other=-2)
+            if LEAN:
+                p_prev = tl.where(tp >= 0, tl.load(pos_ptr + b * sp_b + tl.maximum(tp, 0) * sp_t), -2)
+            else:
+                p_prev = tl.load(pos_ptr + b * sp_b + tp * sp_t, mask=r_in & (tp >= 0), other=-2)
             q = p - d
             from_x = valid & (q >= 0) & (p_prev == q)  # position q is row t - d of x
             from_ring = valid_slot & (q >= 0) & (p_prev != q)
@@ -101,24 +129,29 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
             q_mod = tl.where(q_mod < 0, q_mod + R, q_mod)
             # one load per tap, from x or from the ring: a pointer per row (fewer registers and
             # loads than reading both and selecting, so more programs fit an SM)
-            ring_row = slot * sr_s + tl.where(from_ring, q_mod, 0).to(tl.int64) * sr_r
-            src = tl.where(from_x[:, None], x_ptr + (x_row - d * sx_t)[:, None] + c[None, :],
-                           ring_ptr + ring_row[:, None] + c[None, :])
-            v = tl.load(src, mask=(from_x | from_ring)[:, None] & c_in[None, :], other=0.0).to(tl.float32)
+            ring_row = slot * sr_s + tl.where(from_ring, q_mod, 0).to(slot.dtype) * sr_r
+            x_src = x_ptr + (x_row - d * sx_t)[:, None] + c[None, :]
+            ring_src = ring_ptr + ring_row[:, None] + c[None, :]
+            if LEAN:
+                src = tl.where(from_x[:, None], x_src, tl.where(from_ring[:, None], ring_src, zero_ptr + c[None, :]))
+                v = tl.load(src).to(tl.float32)
+            else:
+                src = tl.where(from_x[:, None], x_src, ring_src)
+                v = tl.load(src, mask=(from_x | from_ring)[:, None] & c_in[None, :], other=0.0).to(tl.float32)
         conv += v * w_j
     y = x_cur.to(tl.float32) + conv
     if HAS_RES:
         y = y.to(out_ptr.dtype.element_ty).to(tl.float32) + res.to(tl.float32)
     y = tl.where(slot_ok[:, None], y, float("nan"))  # a bad slot (unchecked): visible, no memory touched
     y = tl.where(valid[:, None], y, 0.0)
-    out_row = b * so_b + t.to(tl.int64) * so_t
+    out_row = b * so_b + t_off * so_t
     tl.store(out_ptr + out_row[:, None] + c[None, :], y.to(out_ptr.dtype.element_ty),
              mask=r_in[:, None] & c_in[None, :])
 
     if WRITE:
         # only in the one-launch case, T + K - 1 <= R: the call's T <= R positions map to distinct
         # ring rows, so every valid row writes its own
-        ring_row = slot * sr_s + tl.where(valid_slot, p_mod, 0).to(tl.int64) * sr_r
+        ring_row = slot * sr_s + tl.where(valid_slot, p_mod, 0).to(slot.dtype) * sr_r
         tl.store(ring_ptr + ring_row[:, None] + c[None, :], x_cur, mask=valid_slot[:, None] & c_in[None, :])
 
 
@@ -396,6 +429,29 @@ def launch_config(n_rows: int, C: int, T: int) -> tuple[int, int, int]:
     return block_r, block_c, max(1, min(warps, block_r * block_c // 128))  # >= 1 value per thread
 
 
+LEAN_MIN_ROWS = 64  # windows of more rows take the lean tile kernel (T <= 16; measured, tuning.md)
+_ZERO_ROWS: dict = {}
+
+
+def _zero_row(C: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """A cached row of at least C zeros (what the lean tile kernel's taps read instead of masked
+    loads). Allocated outside CUDA-graph capture only: None when it would have to be made inside one
+    (the caller then launches the masked kernel)."""
+    key = (dtype, str(device))
+    z = _ZERO_ROWS.get(key)
+    if z is None or z.numel() < C:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        z = _ZERO_ROWS[key] = torch.zeros(max(C, 8192), dtype=dtype, device=device)
+    return z
+
+
+def _fits_int32(*tensors: torch.Tensor) -> bool:
+    """Every element offset of these tensors (their extent, from the strides) fits int32, with room
+    for the -d * stride of the taps."""
+    return all(1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) < 2**31 - 2**24 for t in tensors)
+
+
 STRIP_MIN_T = 17   # chunks of more rows than a verify / draft window take the strip kernel (K <= 4)
 STRIP_MAX_K = 4
 
@@ -478,10 +534,13 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
         grid = (triton.cdiv(B * T, block_r) * triton.cdiv(C, block_c),)
         # windows and decode: T as a constant, tap-major weights (C contiguous) read in the tile's layout
         small = T <= 16
-        _short_conv_kernel[grid](x, ring, w2, slot, pos, res, out, B * T, T, C, R, S, *strides,
+        lean = (small and B * T > LEAN_MIN_ROWS and C % block_c == 0 and _fits_int32(x, ring, res, out, w2)
+                and _zero_row(C, dt, dev) is not None)
+        _short_conv_kernel[grid](x, ring, w2, slot, pos, res, out, _zero_row(C, dt, dev) if lean else x,
+                                 B * T, T, C, R, S, *strides,
                                  K=K, BLOCK_R=block_r, BLOCK_C=block_c, HAS_RES=residual is not None,
                                  WRITE=one_launch, T_CONST=T if small else 0, W_TILE=small and w2.stride(0) == 1,
-                                 num_warps=num_warps)
+                                 LEAN=lean, num_warps=num_warps)
     if not one_launch:  # the reads and writes may overlap: every read above, then the writes
         bt, bc, ww = write_launch_config(T, C)
         _ring_write_kernel[(B, triton.cdiv(C, bc))](

@@ -270,6 +270,50 @@ def test_long_chunk_ring_writes(device, valid):
     assert bits_equal(ring, ring_twin)  # only rows 0 and 1 wrote
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B", [21, 40])
+def test_lean_windows(device, monkeypatch, dtype, B):
+    """Windows of more than LEAN_MIN_ROWS rows with C a multiple of the channel tile take the lean tile
+    kernel (int32 offsets, no load masks, taps that read nothing read a zero row): against the twin,
+    with rows whose taps reach before position 0, leading and trailing padding, a fully padded row,
+    a last row tile that ends past B * T (B = 21: 105 rows), and the ring bit for bit."""
+    import inkling_fast.kernels.short_conv as module
+    seen = record_launches(monkeypatch, names=("_short_conv_kernel",))
+    T, Cw, R, K = 5, 64, 8, 4
+    g = torch.Generator().manual_seed(B)
+    x = randn(B, T, Cw, dtype=dtype, device=device, gen=g)
+    ring = poison(torch.empty(B + 1, R, Cw, dtype=dtype, device=device))
+    slot = torch.randperm(B + 1, generator=g)[:B].to(torch.int32)
+    start = torch.randint(3, 50, (B,), generator=g)
+    start[:4] = torch.tensor([0, 1, 2, 0])           # taps before position 0
+    pos = (start[:, None] + torch.arange(T)).to(torch.int32)
+    pos[3, :2] = -1                                   # leading padding (positions from 0 after it)
+    pos[3, 2:] = torch.arange(3, dtype=torch.int32)
+    pos[5, 3:] = -1                                   # trailing padding
+    pos[6] = -1                                       # nothing at all
+    ring = ring.cpu()
+    for b in range(B):  # the history the windows read: positions start - 3 .. start - 1 that exist
+        for q in range(max(0, int(start[b]) - (K - 1)), int(start[b])):
+            ring[int(slot[b]), q % R] = randn(Cw, dtype=dtype, gen=g)
+    ring = ring.to(device)
+    weight = tap_major(randn(Cw, K, gen=g, scale=0.5).to(device))
+    res = randn(B, T, Cw, dtype=dtype, device=device, gen=g)
+    slot, pos = slot.to(device), pos.to(device)
+    ring_twin = ring.clone()
+    ref = short_conv_torch(x, ring_twin, weight, slot, pos, residual=res)
+    out = short_conv(x, ring, weight, slot, pos, residual=res, out=poison(torch.empty_like(x)))
+    assert seen[0][1]["LEAN"] is True
+    valid = pos >= 0
+    assert rel_l2(out[valid], ref[valid]) <= TOL[dtype]
+    assert (out[~valid] == 0).all()
+    assert bits_equal(ring, ring_twin)
+    monkeypatch.setattr(module, "LEAN_MIN_ROWS", B * T)  # the same call on the masked kernel
+    ring_masked = ring_twin.clone()
+    out_masked = short_conv(x, ring_masked, weight, slot, pos, residual=res)
+    assert seen[-1][1]["LEAN"] is False
+    assert bits_equal(out, out_masked)
+
+
 def test_residual_in_place(device):
     x, ring, weight, slot, pos, res = _one_call(device)
     ref = short_conv_torch(x, ring.clone(), weight, slot, pos, residual=res)
