@@ -23,7 +23,7 @@ Two kernels, chosen from host-known sizes (`launch_config`, `strip_launch_config
   * strips, for chunks of T > 16 rows (prefill) with K <= 4: a program walks L rows of one sequence
     over BLOCK_C channels, the K-1 previous inputs held in registers, so x is read once; x and the
     residual are loaded four rows ahead of the row being computed (four buffers), so that four rows of
-    loads are in flight per warp. Measured on the H200: 66 -> 89 % of copy bandwidth at C = 6144
+    loads are in flight per warp. Measured on the H200: 67 -> 88 % of copy bandwidth at C = 6144
     (docs/benchmarks/tuning.md).
 
 Races: a call reads ring rows of the K-1 positions before its first one and writes the rows of
