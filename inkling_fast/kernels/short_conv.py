@@ -20,6 +20,8 @@ Two kernels, chosen from host-known sizes (`launch_config`, `strip_launch_config
     BLOCK_R consecutive rows of the flattened B * T row index (so windows, T = 1 or k + 1, fill whole
     tiles with the rows of several sequences) by BLOCK_C channels; each tap is a load of the tile's
     rows shifted by d, from x or from the ring. The grid is 1-D, channel tiles of a row tile adjacent.
+    Windows of more than LEAN_MIN_ROWS rows take a lean variant (int32 offsets, no load masks; see
+    the kernel), when C is a multiple of the channel tile.
   * strips, for chunks of T > 16 rows (prefill) with K <= 4: a program walks L rows of one sequence
     over BLOCK_C channels, the K-1 previous inputs held in registers, so x is read once; x and the
     residual are loaded four rows ahead of the row being computed (four buffers), so that four rows of
@@ -29,9 +31,9 @@ Two kernels, chosen from host-known sizes (`launch_config`, `strip_launch_config
 Races: a call reads ring rows of the K-1 positions before its first one and writes the rows of
 its own positions. When T + K - 1 <= R these rows are all distinct and one launch does both.
 Otherwise (long prefill chunks) the wrapper splits the work in two launches on the stream: first
-every output (ring reads, no writes; tiles or strips), then the ring writes, each ring row taking the last
-position of the call that maps to it: one program per (sequence, channel tile) finds the last
-valid row and copies the last R valid rows (`_ring_write_kernel`). Both launches are
+every output (ring reads, no writes; tiles or strips), then the ring writes, each ring row taking
+the last position of the call that maps to it: one program per (sequence, channel tile) finds the
+last valid row and copies the last R valid rows (`_ring_write_kernel`). Both launches are
 graph-capturable; T and R are shapes, so the choice never needs the device.
 """
 
