@@ -93,15 +93,16 @@ def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_p
     ld_mask = r_in[:, None] & c_in[None, :]  # (not used when LEAN)
     p_mod = tl.where(valid, p, 0) % R  # the one division by R: tap d's ring row is p_mod - d, wrapped once
     x_row = b * sx_b + t_off * sx_t
-    res_row = b * sres_b + t_off * sres_t
     if LEAN:
         x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :])
-        if HAS_RES:
-            res = tl.load(res_ptr + res_row[:, None] + c[None, :])
     else:
         x_cur = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=ld_mask, other=0.0)
-        if HAS_RES:
-            res = tl.load(res_ptr + res_row[:, None] + c[None, :], mask=ld_mask, other=0.0)
+    if HAS_RES:
+        res_ptrs = res_ptr + (b * sres_b + t_off * sres_t)[:, None] + c[None, :]
+        if LEAN:
+            res = tl.load(res_ptrs)
+        else:
+            res = tl.load(res_ptrs, mask=ld_mask, other=0.0)
     conv = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     for j in tl.static_range(K):
         d = K - 1 - j  # a constexpr: tap j reads position p - d
@@ -536,9 +537,10 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
         grid = (triton.cdiv(B * T, block_r) * triton.cdiv(C, block_c),)
         # windows and decode: T as a constant, tap-major weights (C contiguous) read in the tile's layout
         small = T <= 16
-        lean = (small and B * T > LEAN_MIN_ROWS and C % block_c == 0 and _fits_int32(x, ring, res, out, w2)
-                and _zero_row(C, dt, dev) is not None)
-        _short_conv_kernel[grid](x, ring, w2, slot, pos, res, out, _zero_row(C, dt, dev) if lean else x,
+        zero = (_zero_row(C, dt, dev) if small and B * T > LEAN_MIN_ROWS and C % block_c == 0
+                and _fits_int32(x, ring, res, out, w2) else None)
+        lean = zero is not None
+        _short_conv_kernel[grid](x, ring, w2, slot, pos, res, out, zero if lean else x,
                                  B * T, T, C, R, S, *strides,
                                  K=K, BLOCK_R=block_r, BLOCK_C=block_c, HAS_RES=residual is not None,
                                  WRITE=one_launch, T_CONST=T if small else 0, W_TILE=small and w2.stride(0) == 1,
