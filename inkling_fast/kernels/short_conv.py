@@ -471,8 +471,8 @@ def write_launch_config(T: int, C: int) -> tuple[int, int, int]:
     """(BLOCK_T, BLOCK_C, num_warps) of `_ring_write_kernel`: the scan of pos in pieces of at most
     4096 rows (one piece for the usual prefill chunks), 256 channels a program (the R rows it copies
     are one tile, sized by the wrapper). Measured on the H200 (A/B of 2026-12-04, tenth session):
-    0.5-0.9 µs faster per prefill chunk than 1024 channels at C = 1024 ... 6144 (more programs scan
-    and copy at once), bit-identical."""
+    0.5-0.9 µs faster per prefill chunk than 1024 channels at C = 1024 ... 6144 (4x the programs at
+    C >= 1024; why that helps was not profiled), bit-identical."""
     return min(4096, max(16, triton.next_power_of_2(T))), max(16, min(256, triton.next_power_of_2(C))), 4
 
 
