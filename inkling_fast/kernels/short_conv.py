@@ -22,6 +22,8 @@ Two kernels, chosen from host-known sizes (`launch_config`, `strip_launch_config
     rows shifted by d, from x or from the ring. The grid is 1-D, channel tiles of a row tile adjacent.
     Windows of more than LEAN_MIN_ROWS rows take a lean variant (int32 offsets, no load masks; see
     the kernel), when C is a multiple of the channel tile.
+    A candidate for those windows, whole sequences a program (`inkling_fast.kernels.short_conv_window`,
+    bit-identical to the tiles), is off until measured: set WINDOW_MIN_ROWS to route them there.
   * strips, for chunks of T > 16 rows (prefill) with K <= 4: a program walks L rows of one sequence
     over BLOCK_C channels, the K-1 previous inputs held in registers, so x is read once; x and the
     residual are loaded four rows ahead of the row being computed (four buffers), so that four rows of
@@ -31,7 +33,7 @@ Two kernels, chosen from host-known sizes (`launch_config`, `strip_launch_config
 Races: a call reads ring rows of the K-1 positions before its first one and writes the rows of
 its own positions. When T + K - 1 <= R these rows are all distinct and one launch does both.
 Otherwise (long prefill chunks) the wrapper splits the work in two launches on the stream: first
-every output (ring reads, no writes; tiles or strips), then the ring writes, each ring row taking
+every output (ring reads, no writes; tiles, windows or strips), then the ring writes, each ring row taking
 the last position of the call that maps to it: one program per (sequence, channel tile) finds the
 last valid row and copies the last R valid rows (`_ring_write_kernel`). Both launches are
 graph-capturable; T and R are shapes, so the choice never needs the device.
@@ -44,6 +46,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from .short_conv_window import _window_kernel, window_launch_config
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -455,6 +459,12 @@ def _fits_int32(*tensors: torch.Tensor) -> bool:
     return all(1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) < 2**31 - 2**24 for t in tensors)
 
 
+# The window kernel (a candidate, unmeasured): None keeps it off; an int routes windows (T <= 16) of
+# more than that many rows there when K <= WINDOW_MAX_K (benchmarks/short_conv_window_ab.py decides).
+WINDOW_MIN_ROWS: int | None = None
+WINDOW_MAX_K = 4
+
+
 STRIP_MIN_T = 17   # chunks of more rows than a verify / draft window take the strip kernel (K <= 4)
 STRIP_MAX_K = 4
 
@@ -533,6 +543,11 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
         L, block_c, num_warps = strip_launch_config(C)
         _strip_kernel[(B * triton.cdiv(T, L) * triton.cdiv(C, block_c),)](
             x, ring, w2, slot, pos, res, out, T, C, R, S, *strides, K=K, L=L, BLOCK_C=block_c,
+            HAS_RES=residual is not None, WRITE=one_launch, num_warps=num_warps)
+    elif T <= 16 and WINDOW_MIN_ROWS is not None and B * T > WINDOW_MIN_ROWS and K <= WINDOW_MAX_K:
+        block_s, block_c, num_warps = window_launch_config(C, T)
+        _window_kernel[(triton.cdiv(B, block_s) * triton.cdiv(C, block_c),)](
+            x, ring, w2, slot, pos, res, out, B, C, R, S, *strides, T=T, K=K, BLOCK_S=block_s, BLOCK_C=block_c,
             HAS_RES=residual is not None, WRITE=one_launch, num_warps=num_warps)
     else:
         block_r, block_c, num_warps = launch_config(B * T, C, T)

@@ -210,15 +210,23 @@ ONE_LAUNCH = [("_short_conv_kernel", True)]                           # outputs 
 TWO_LAUNCHES = [("_short_conv_kernel", False), ("_ring_write_kernel", None)]   # every read, then the writes
 STRIP_ONE = [("_strip_kernel", True)]
 STRIP_TWO = [("_strip_kernel", False), ("_ring_write_kernel", None)]
+WINDOW_ONE = [("_window_kernel", True)]
+WINDOW_TWO = [("_window_kernel", False), ("_ring_write_kernel", None)]
 
 
 @pytest.mark.parametrize("T,R,launches", [(1, 7, ONE_LAUNCH), (4, 7, ONE_LAUNCH), (5, 7, TWO_LAUNCHES),
+                                          (4, 7, WINDOW_ONE), (5, 7, WINDOW_TWO), (16, 18, WINDOW_TWO),
                                           (19, 7, STRIP_TWO), (19, 22, STRIP_ONE), (19, 21, STRIP_TWO)])
 def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, R, launches):
     """K = 4: a call of T <= R - K + 1 rows reads and writes disjoint ring rows (one launch); longer
-    calls must put every read before every write (two launches, in that order), tiles or strips. The
-    CPU interpreter runs programs one after another, so a race could not show there: this pins the split."""
-    seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_strip_kernel", "_ring_write_kernel"))
+    calls must put every read before every write (two launches, in that order), tiles, windows (the
+    candidate switched on) or strips. The CPU interpreter runs programs one after another, so a race
+    could not show there: this pins the split."""
+    import inkling_fast.kernels.short_conv as module
+    if launches[0][0] == "_window_kernel":
+        monkeypatch.setattr(module, "WINDOW_MIN_ROWS", 0)
+    seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_window_kernel", "_strip_kernel",
+                                               "_ring_write_kernel"))
     x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=R)
     ring_twin = ring.clone()
     out = short_conv(x, ring, weight, slot, pos)
@@ -231,14 +239,26 @@ def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, R, l
     (4, 4, "[C, K]", ("_short_conv_kernel", 4, False)), (4, 4, "tap-major", ("_short_conv_kernel", 4, True)),
     (1, 4, "tap-major", ("_short_conv_kernel", 1, True)), (16, 4, "tap-major", ("_short_conv_kernel", 16, True)),
     (17, 4, "tap-major", ("_strip_kernel", None, None)), (19, 2, "[C, K]", ("_strip_kernel", None, None)),
-    (19, 5, "tap-major", ("_short_conv_kernel", 0, False))])
+    (19, 5, "tap-major", ("_short_conv_kernel", 0, False)),
+    (16, 4, "windows, candidate off", ("_short_conv_kernel", 16, True)),
+    (16, 4, "windows, candidate on", ("_window_kernel", None, None)),
+    (16, 5, "windows, candidate on", ("_short_conv_kernel", 16, True))])
 def test_launch_choices(device, monkeypatch, T, K, layout, expect):
     """The measured launch choices (docs/benchmarks/tuning.md): chunks of T > 16 rows take strips when
     K <= 4; tiles otherwise, dividing by T as a constant when T <= 16, with the tile-shaped weight load
     only for tap-major weights of windows and decode steps (with [C, K] weights it becomes one scalar
-    load per element and is slower; tiles of long chunks keep 1-D weight loads)."""
-    seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_strip_kernel"))
-    x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=8, K=K)
+    load per element and is slower; tiles of long chunks keep 1-D weight loads). The window kernel is
+    off by default; switched on (WINDOW_MIN_ROWS = 64) it takes windows of more rows when K <= 4."""
+    import inkling_fast.kernels.short_conv as module
+    seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_window_kernel", "_strip_kernel"))
+    if layout.startswith("windows"):  # 5 x 16 rows, tap-major weights
+        if layout.endswith("on"):
+            monkeypatch.setattr(module, "WINDOW_MIN_ROWS", 64)
+        x, ring, weight, slot, pos, _ = _one_call(device, B=5, T=T, R=8 + K, K=K)
+        assert 5 * T > 64
+        layout = "tap-major"
+    else:
+        x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=8, K=K)
     short_conv(x, ring, tap_major(weight) if layout == "tap-major" else weight, slot, pos)
     name, meta = seen[0]
     assert (name, meta.get("T_CONST"), meta.get("W_TILE")) == expect
@@ -312,6 +332,73 @@ def test_lean_windows(device, monkeypatch, dtype, B):
     out_masked = short_conv(x, ring_masked, weight, slot, pos, residual=res)
     assert seen[-1][1]["LEAN"] is False
     assert bits_equal(out, out_masked)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,K", [(21, 5, 4), (40, 5, 3), (13, 9, 4), (7, 16, 2), (33, 2, 4)])
+def test_window_kernel(device, monkeypatch, dtype, B, T, K):
+    """The window kernel (switched on; whole sequences a program, the history in registers): against the
+    twin and, bit for bit (outputs and ring), against the default launch (lean tiles) on the same call. Rows whose taps reach before position 0, leading and trailing padding
+    (the history then comes from the ring at the run's first row), a fully padded row, a last program
+    with fewer sequences than BLOCK_S (B = 21, 13, 33), T = 9 and 16 (the eight row buffers refilled)
+    and channel tiles that end inside C."""
+    import inkling_fast.kernels.short_conv as module
+    seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_window_kernel"))
+    monkeypatch.setattr(module, "WINDOW_MIN_ROWS", 0)
+    monkeypatch.setattr(module, "window_launch_config", lambda C, T: (4, 32, 2))
+    Cw, R = 48, T + K - 1
+    g = torch.Generator().manual_seed(B * T + K)
+    x = randn(B, T, Cw, dtype=dtype, device=device, gen=g)
+    ring = poison(torch.empty(B + 1, R, Cw, dtype=dtype, device=device))
+    slot = torch.randperm(B + 1, generator=g)[:B].to(torch.int32)
+    start = torch.randint(K, 50, (B,), generator=g)
+    start[:3] = torch.tensor([0, 1, 2])              # taps before position 0
+    pos = (start[:, None] + torch.arange(T)).to(torch.int32)
+    pos[3, :T // 2] = -1                              # leading padding (positions from 0 after it)
+    pos[3, T // 2:] = torch.arange(T - T // 2, dtype=torch.int32)
+    pos[5, (T + 1) // 2:] = -1                        # trailing padding
+    pos[6] = -1                                       # nothing at all
+    if T > 2:
+        pos[4, 0] = pos[4, -1] = -1                   # both
+    ring = ring.cpu()
+    for b in range(B):  # the history the windows read: the K-1 positions before each run that exist
+        valid_pos = pos[b][pos[b] >= 0]
+        first = int(valid_pos.min()) if len(valid_pos) else 0
+        for q in range(max(0, first - (K - 1)), first):
+            ring[int(slot[b]), q % R] = randn(Cw, dtype=dtype, gen=g)
+    ring = ring.to(device)
+    weight = tap_major(randn(Cw, K, gen=g, scale=0.5).to(device))
+    res = randn(B, T, Cw, dtype=dtype, device=device, gen=g)
+    slot, pos = slot.to(device), pos.to(device)
+    ring_twin, ring_tile = ring.clone(), ring.clone()
+    ref = short_conv_torch(x, ring_twin, weight, slot, pos, residual=res)
+    out = short_conv(x, ring, weight, slot, pos, residual=res, out=poison(torch.empty_like(x)))
+    assert [name for name, _ in seen] == ["_window_kernel"]
+    valid = pos >= 0
+    assert rel_l2(out[valid], ref[valid]) <= TOL[dtype]
+    assert (out[~valid] == 0).all()
+    assert bits_equal(ring, ring_twin)
+    monkeypatch.setattr(module, "WINDOW_MIN_ROWS", None)  # the same call on the default (tile) kernel
+    out_tile = short_conv(x, ring_tile, weight, slot, pos, residual=res)
+    assert seen[-1][0] == "_short_conv_kernel"
+    assert bits_equal(out, out_tile)
+    assert bits_equal(ring, ring_tile)
+
+
+@pytest.mark.parametrize("config", [(1, 16, 1), (2, 32, 1), (8, 16, 4)])
+@pytest.mark.parametrize("K", [4, 2])
+def test_kernel_any_window_shape(device, monkeypatch, config, K):
+    """The whole schedule through the window kernel (switched on for every window: WINDOW_MIN_ROWS = 0):
+    decode steps, verify windows with rollback and short-padding rows, and the chunks of T = 10 and 9 (more than R - K + 1 rows:
+    outputs first, then the ring-write launch), with (BLOCK_S, BLOCK_C, warps) of 1, 2 and 8 sequences
+    and channel tiles that end inside C."""
+    import inkling_fast.kernels.short_conv as module
+    monkeypatch.setattr(module, "WINDOW_MIN_ROWS", 0)
+    monkeypatch.setattr(module, "window_launch_config", lambda C, T: config)
+    seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_window_kernel", "_strip_kernel"))
+    run_schedule(short_conv, torch.float32, K, K + SPEC_K, device, True, seed=sum(config) + K, twin_ring=True,
+                 weight_layout=tap_major)
+    assert [name for name, _ in seen].count("_window_kernel") == len([T for _, T in STEPS if T <= 16])
 
 
 def test_residual_in_place(device):
@@ -410,6 +497,34 @@ def test_real_sizes(Cg, B, T, dtype, layout):
     valid = pos >= 0
     assert rel_l2(out[valid], ref[valid]) <= TOL[dtype]
     assert bits_equal(ring, ring_twin)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Cg", [1024, 2048, 4096, 6144])
+@pytest.mark.parametrize("B,T", [(1024, 5), (3, 5), (64, 9), (16, 16)])
+def test_window_kernel_real_sizes(monkeypatch, Cg, B, T):
+    """The window kernel (switched on) at real widths in bf16 with its committed launch config: bit for
+    bit against the default launch (outputs and ring), padded rows included; the residual at C >= 4096."""
+    import inkling_fast.kernels.short_conv as module
+    K, R = 4, T + 3
+    g = torch.Generator().manual_seed(Cg + B + T)
+    x = randn(B, T, Cg, dtype=torch.bfloat16, device="cuda", gen=g)
+    ring = randn(B + 2, R, Cg, dtype=torch.bfloat16, device="cuda", gen=g)
+    weight = tap_major(randn(Cg, K, device="cuda", gen=g, scale=0.5).to(torch.bfloat16))
+    slot = torch.randperm(B + 2, generator=g)[:B].to(torch.int32).cuda()
+    pos = (torch.randint(0, 40, (B, 1), generator=g) + torch.arange(T)).to(torch.int32)
+    pos[1, T // 2 + 1:] = -1  # trailing padding
+    pos[2, :2] = -1           # leading padding
+    pos = pos.cuda()
+    res = randn(B, T, Cg, dtype=torch.bfloat16, device="cuda", gen=g) if Cg >= 4096 else None
+    seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_window_kernel"))
+    ring_tile = ring.clone()
+    out_tile = short_conv(x, ring_tile, weight, slot, pos, residual=res, out=poison(torch.empty_like(x)))
+    monkeypatch.setattr(module, "WINDOW_MIN_ROWS", 0)
+    out = short_conv(x, ring, weight, slot, pos, residual=res, out=poison(torch.empty_like(x)))
+    assert [name for name, _ in seen] == ["_short_conv_kernel", "_window_kernel"]
+    assert bits_equal(out, out_tile)
+    assert bits_equal(ring, ring_tile)
 
 
 @pytest.mark.gpu
