@@ -1,6 +1,6 @@
 """Launch-configuration sweeps of the memory-bound kernels (a script, not a test; H200).
 
-    python benchmarks/tune.py OUT_DIR [short_conv] [norms] [attention]
+    python benchmarks/tune.py OUT_DIR [short_conv] [short_conv_window] [norms] [attention]
     python benchmarks/tune.py OUT_DIR --dry        # CPU: tiny sizes through the interpreter, no timing
 
 For each kernel, each benchmark case of its `bench_*.py` at large sizes, and each candidate launch
@@ -66,8 +66,9 @@ def summarize(label: str, rows: list[dict], is_default, floor: float | None = No
           f"({best['pct']:.0f}%) {best['config']}", flush=True)
 
 
-def sweep_cases(cases, module, configs, gbps, log, attr="launch_config"):
-    """Time each harness.Case under each configuration of `module.<attr>` (None = the default)."""
+def sweep_cases(cases, module, configs, gbps, log, attr="launch_config", tag=""):
+    """Time each harness.Case under each configuration of `module.<attr>` (None = the default); `tag`
+    prefixes the printed labels."""
     default = getattr(module, attr)
     out = []
     for case in cases:
@@ -82,7 +83,7 @@ def sweep_cases(cases, module, configs, gbps, log, attr="launch_config"):
                 setattr(module, attr, default)
             record(log, rows, kernel=case.kernel, case=case.case, config=cfg, us=us, err=err, knob=attr,
                    pct=100 * floor_us(case.bytes, gbps) / us if us == us else None)
-        summarize(f"{case.kernel} {case.case}", rows, lambda r: r["config"] is None)
+        summarize(f"{tag}{case.kernel} {case.case}", rows, lambda r: r["config"] is None)
         out += rows
         del sets
         if not DRY:
@@ -101,6 +102,27 @@ def tune_short_conv(gbps, log):
     long = [c for c in cases if "T=4096" in c.case or "T=19" in c.case]
     return out + sweep_cases(long, mod, [(1024, 1024, 4), (4096, 1024, 8), (2048, 256, 4)], gbps, log,
                              attr="write_launch_config")
+
+
+def tune_short_conv_window(gbps, log):
+    """The window-kernel candidate (`inkling_fast.kernels.short_conv_window`, off by default) against the
+    default launch (lean tiles) on verify windows: first the default, then the candidate switched on
+    (WINDOW_MIN_ROWS = 0) under each (BLOCK_S, BLOCK_C, warps)."""
+    import bench_short_conv as bsc
+    import inkling_fast.kernels.short_conv as mod
+    cases = (bsc.cases("cpu", streams={"kv tiny": (37, False), "H tiny": (300, True)}, shapes=((3, 4), (20, 4)))
+             if DRY else bsc.cases("cuda", shapes=((3, 5), (256, 5), (1024, 5))))
+    out = sweep_cases(cases, mod, [], gbps, log, tag="tiles ")  # the default (lean above LEAN_MIN_ROWS rows)
+    configs = [(4, 256, 4), (2, 256, 2), (1, 256, 1), (4, 128, 4), (8, 128, 4), (2, 128, 2), (8, 256, 8)]
+    if DRY:
+        configs = [(2, 16, 1), (4, 32, 2)]
+    default_min = mod.WINDOW_MIN_ROWS
+    mod.WINDOW_MIN_ROWS = 0
+    try:
+        out += sweep_cases(cases, mod, configs, gbps, log, attr="window_launch_config", tag="window ")
+    finally:
+        mod.WINDOW_MIN_ROWS = default_min
+    return out
 
 
 def tune_norms(gbps, log):
@@ -186,7 +208,7 @@ def main(argv):
     argv = [a for a in argv if a != "--dry"]
     out_dir = Path(argv[0])
     out_dir.mkdir(parents=True, exist_ok=True)
-    wanted = argv[1:] or ["short_conv", "norms", "attention"]
+    wanted = argv[1:] or ["short_conv", "short_conv_window", "norms", "attention"]
     gbps = 4000.0 if DRY else harness.measure_copy_bandwidth()
     device = "cpu (dry run)" if DRY else torch.cuda.get_device_name()
     print(f"copy bandwidth {gbps:.0f} GB/s on {device}", flush=True)
