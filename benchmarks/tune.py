@@ -1,6 +1,6 @@
 """Launch-configuration sweeps of the memory-bound kernels (a script, not a test; H200).
 
-    python benchmarks/tune.py OUT_DIR [short_conv] [short_conv_window] [norms] [attention]
+    python benchmarks/tune.py OUT_DIR [short_conv] [short_conv_window] [copy_ceiling] [norms] [attention]
     python benchmarks/tune.py OUT_DIR --dry        # CPU: tiny sizes through the interpreter, no timing
 
 For each kernel, each benchmark case of its `bench_*.py` at large sizes, and each candidate launch
@@ -122,6 +122,34 @@ def tune_short_conv_window(gbps, log):
         out += sweep_cases(cases, mod, configs, gbps, log, attr="window_launch_config", tag="window ")
     finally:
         mod.WINDOW_MIN_ROWS = default_min
+    return out
+
+
+def tune_copy_ceiling(gbps, log):
+    """The ceiling of a call of each short-conv case's size: `dst.copy_(src)` on bf16 buffers moving the
+    case's floor bytes (half read, half written), rotated past the L2 and replayed from a CUDA graph as
+    the conv is. Each size is timed with its element count as is and rounded up to 4096 elements (an
+    unaligned count may leave torch's vectorized copy path)."""
+    import bench_short_conv as bsc
+    cases = (bsc.cases("cpu", streams={"kv tiny": (37, False)}, shapes=((3, 4),)) if DRY
+             else bsc.cases("cuda", shapes=((3, 5), (256, 5), (1024, 5), (4, 4096))))
+    dev = "cpu" if DRY else "cuda"
+    out = []
+    for case in cases:
+        for rounded in (False, True):
+            n = case.bytes // 4                                   # bf16 elements read (= written)
+            if rounded:
+                n = -(-n // 4096) * 4096
+            sets = harness.rotating_inputs(
+                lambda n=n: (torch.randn(n, dtype=torch.bfloat16, device=dev),
+                             torch.empty(n, dtype=torch.bfloat16, device=dev)), 4 * n)
+            us = 1.0 if DRY else harness.bench_graph(lambda s, d: d.copy_(s), sets) * 1e3
+            nbytes = 4 * n
+            record(log, out, kernel="copy", case=case.case, elements=n, rounded=rounded, us=us,
+                   pct=100 * floor_us(nbytes, gbps) / us)
+            print(f"  copy of {case.case:<44} {'rounded' if rounded else 'as is  '} n={n:>10} "
+                  f"{us:8.1f} us ({out[-1]['pct']:.0f}%)", flush=True)
+            del sets
     return out
 
 
