@@ -104,6 +104,11 @@ def tune_short_conv(gbps, log):
                              attr="write_launch_config")
 
 
+# (B, T): decode steps, draft / verify windows of k + 1 = 2, 5, 9 and 16 rows, few and many sequences
+WINDOW_SHAPES = ((1, 1), (16, 1), (256, 1), (8, 2), (64, 2), (3, 5), (256, 5), (1024, 5), (16, 9), (256, 9),
+                 (16, 16), (64, 16))
+
+
 def tune_short_conv_window(gbps, log):
     """The window-kernel candidate (`inkling_fast.kernels.short_conv_window`, off by default) against the
     default launch (lean tiles) on verify windows: first the default, then the candidate switched on
@@ -111,9 +116,9 @@ def tune_short_conv_window(gbps, log):
     import bench_short_conv as bsc
     import inkling_fast.kernels.short_conv as mod
     cases = (bsc.cases("cpu", streams={"kv tiny": (37, False), "H tiny": (300, True)}, shapes=((3, 4), (20, 4)))
-             if DRY else bsc.cases("cuda", shapes=((3, 5), (256, 5), (1024, 5))))
+             if DRY else bsc.cases("cuda", shapes=WINDOW_SHAPES))
     out = sweep_cases(cases, mod, [], gbps, log, tag="tiles ")  # the default (lean above LEAN_MIN_ROWS rows)
-    configs = [(4, 256, 4), (2, 256, 2), (1, 256, 1), (4, 128, 4), (8, 128, 4), (2, 128, 2), (8, 256, 8)]
+    configs = [(4, 256, 4), (4, 128, 4), (2, 128, 2), (1, 256, 1), (8, 128, 4)]
     if DRY:
         configs = [(2, 16, 1), (4, 32, 2)]
     default_min = mod.WINDOW_MIN_ROWS
