@@ -15,15 +15,18 @@ or [C, 1, K], any strides: tap-major weights (weight[:, j] contiguous, the trans
 pos int32 [B, T]. Each row's valid positions form one run of consecutive positions (padding may sit
 before or after it), and batch rows with valid positions use distinct slots.
 
-Two kernels, chosen from host-known sizes (`launch_config`, `strip_launch_config`):
-  * tiles, for decode steps and verify / draft windows (T <= 16) and for K > 4: a program takes
+Three kernels, chosen from host-known sizes (`launch_config`, `takes_window_kernel`,
+`strip_launch_config`):
+  * tiles, for decode steps, the windows (T <= 16) the window kernel leaves, and K > 4: a program takes
     BLOCK_R consecutive rows of the flattened B * T row index (so windows, T = 1 or k + 1, fill whole
     tiles with the rows of several sequences) by BLOCK_C channels; each tap is a load of the tile's
     rows shifted by d, from x or from the ring. The grid is 1-D, channel tiles of a row tile adjacent.
     Windows of more than LEAN_MIN_ROWS rows take a lean variant (int32 offsets, no load masks; see
     the kernel), when C is a multiple of the channel tile.
-    A candidate for those windows, whole sequences a program (`inkling_fast.kernels.short_conv_window`,
-    bit-identical to the tiles), is off until measured: set WINDOW_MIN_ROWS to route them there.
+  * windows, for verify / draft windows of 2 <= T <= 16 rows with K <= 4 where they measured faster
+    (`takes_window_kernel`): a program takes whole sequences by BLOCK_C channels and walks their rows
+    with the K-1 previous inputs in registers (`inkling_fast.kernels.short_conv_window`; bit-identical
+    to the tiles).
   * strips, for chunks of T > 16 rows (prefill) with K <= 4: a program walks L rows of one sequence
     over BLOCK_C channels, the K-1 previous inputs held in registers, so x is read once; x and the
     residual are loaded four rows ahead of the row being computed (four buffers), so that four rows of
@@ -459,10 +462,19 @@ def _fits_int32(*tensors: torch.Tensor) -> bool:
     return all(1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) < 2**31 - 2**24 for t in tensors)
 
 
-# The window kernel (a candidate, unmeasured): None keeps it off; an int routes windows (T <= 16) of
-# more than that many rows there when K <= WINDOW_MAX_K (benchmarks/short_conv_window_ab.py decides).
-WINDOW_MIN_ROWS: int | None = None
-WINDOW_MAX_K = 4
+WINDOW_MAX_K = 4                 # the window kernel keeps up to 3 previous inputs in registers
+WINDOW_ANY_B_MAX_T = 5           # windows of 2 ... 5 rows take it at any batch
+WINDOW_MIN_ELEMENTS = 2 ** 21    # windows of 6 ... 16 rows from this many elements (B * T * C) on
+
+
+def takes_window_kernel(B: int, T: int, C: int) -> bool:
+    """Whether B sequences of T rows by C channels (K <= WINDOW_MAX_K) take the window kernel rather than
+    the tiles. Measured on an H100 against the lean tiles (docs/benchmarks/tuning.md, 2026-12-05, 48
+    cases): faster or equal at T = 2 and 5 for 3 ... 1024 sequences; slower at T = 1 (decode: the tiles
+    put one row a program) and at T = 9 and 16 with 16 sequences or 64 x 16 x 1024 (too few programs
+    for a serial walk of the rows), faster there from 2**21 elements on. T = 3, 4 and 6 ... 8 were not
+    measured (interpolated)."""
+    return 2 <= T <= 16 and (T <= WINDOW_ANY_B_MAX_T or B * T * C >= WINDOW_MIN_ELEMENTS)
 
 
 STRIP_MIN_T = 17   # chunks of more rows than a verify / draft window take the strip kernel (K <= 4)
@@ -544,8 +556,8 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
         _strip_kernel[(B * triton.cdiv(T, L) * triton.cdiv(C, block_c),)](
             x, ring, w2, slot, pos, res, out, T, C, R, S, *strides, K=K, L=L, BLOCK_C=block_c,
             HAS_RES=residual is not None, WRITE=one_launch, num_warps=num_warps)
-    elif T <= 16 and WINDOW_MIN_ROWS is not None and B * T > WINDOW_MIN_ROWS and K <= WINDOW_MAX_K:
-        block_s, block_c, num_warps = window_launch_config(C, T)
+    elif T <= 16 and K <= WINDOW_MAX_K and takes_window_kernel(B, T, C):
+        block_s, block_c, num_warps = window_launch_config(B, C, T)
         _window_kernel[(triton.cdiv(B, block_s) * triton.cdiv(C, block_c),)](
             x, ring, w2, slot, pos, res, out, B, C, R, S, *strides, T=T, K=K, BLOCK_S=block_s, BLOCK_C=block_c,
             HAS_RES=residual is not None, WRITE=one_launch, num_warps=num_warps)

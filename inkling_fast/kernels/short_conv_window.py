@@ -1,4 +1,4 @@
-"""A candidate short-conv kernel for verify / draft windows of many sequences: whole sequences a program.
+"""The short-conv kernel of verify / draft windows (2 <= T <= 16 rows): whole sequences a program.
 
 Same contract and same result, bit for bit, as the tile kernel of `inkling_fast.kernels.short_conv`
 (see its docstring for the formula, shapes and index rules); that wrapper launches it. A program takes
@@ -8,12 +8,13 @@ ring once per sequence (the tile kernel reads every row K times, from x or the r
 positions are scanned once per sequence. All of the first eight rows' loads go out before the first
 row is computed; each row buffer is refilled with the row eight ahead when its row is done.
 
-Status: **unmeasured, off by default** (`short_conv.WINDOW_MIN_ROWS = None`). The lean tile kernel it
-would replace holds the measured numbers (docs/benchmarks/tuning.md); this one is routed only once an
-H200 A/B (`benchmarks/short_conv_window_ab.py`) shows it faster. Static sm_90a compile only (ptxas,
-no GPU), 1024 x 5 windows, C = 4096 with the residual, (4, 256, 4): 955 SASS instructions for 5 rows
-of 8 channels a thread (191 a row) against 420 for one row of the lean tile, 124 registers, no shared
-memory or barriers.
+Where it runs (`short_conv.takes_window_kernel`, measured on an H100 against the lean tiles,
+docs/benchmarks/tuning.md, 2026-12-05): windows of 2 to 5 rows at any batch (0.1-0.6 µs faster at a few
+sequences, 3-10 % at 256 and 1024 x 5 rows), and windows of 6 to 16 rows from 2**21 elements (B * T * C)
+on; decode steps (T = 1) and longer windows of few sequences stay on the tiles, which spread a window's
+rows over more programs. Static sm_90a compile (ptxas, `scripts/short_conv_sass.py`), 1024 x 5 windows,
+C = 4096 with the residual, (4, 256, 4): 955 SASS instructions for 5 rows of 8 channels a thread (191 a
+row) against 420 for one row of the lean tile, 124 registers, no shared memory or barriers.
 """
 
 from __future__ import annotations
@@ -169,7 +170,12 @@ def _window_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_ptr,
         xh, rh = _window_load(i + 15, T, x_base, r_base, m, zero, sx_t, sres_t, HAS_RES)
 
 
-def window_launch_config(C: int, T: int) -> tuple[int, int, int]:
-    """(BLOCK_S, BLOCK_C, num_warps) of `_window_kernel`: 4 sequences (one a warp) by 256 channels,
-    8 per thread (16-byte loads in bf16). The first candidate of the A/B, not a measured choice."""
-    return 4, min(256, max(16, triton.next_power_of_2(C))), 4
+def window_launch_config(B: int, C: int, T: int) -> tuple[int, int, int]:
+    """(BLOCK_S, BLOCK_C, num_warps) of `_window_kernel` for B sequences of T rows by C channels: 4
+    sequences (one a warp) by 256 channels (8 a thread, 16-byte loads in bf16) when that grid has at
+    least 384 programs (about three an SM of an H100 or H200), else by 128 channels (twice the programs).
+    Measured on an H100 (tuning.md, 2026-12-05): within 0.4 µs of the best of five configs on each of
+    the 36 window cases (T = 2 ... 16, 3 ... 1024 sequences, C = 1024 ... 6144); a fixed 256 loses up to
+    0.3 µs at 3 x 5 rows, a fixed 128 up to 1 µs at 64 x 16 rows of C = 6144."""
+    block_c = 256 if triton.cdiv(B, 4) * triton.cdiv(C, 256) >= 384 else 128
+    return 4, min(block_c, max(16, triton.next_power_of_2(C))), 4

@@ -125,15 +125,19 @@ def test_twin_matches_reference_flat(dtype, K, residual):
 @pytest.mark.parametrize("K,R", [(4, 4 + SPEC_K), (2, 2 + SPEC_K), (4, 11), (5, 5 + SPEC_K)])
 @pytest.mark.parametrize("residual", [False, True])
 def test_kernel_matches_reference_and_twin(device, dtype, K, R, residual):
-    """K <= 4: the chunk of T = 17 takes the strip kernel, the others tiles; K = 5: tiles throughout."""
+    """The default routing: K <= 4: the chunk of T = 17 takes the strip kernel, the verify windows
+    (T = 4) the window kernel, the rest tiles; K = 5: tiles throughout."""
     run_schedule(short_conv, dtype, K, R, device, residual, seed=10 * K + R, twin_ring=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("residual", [False, True])
-def test_kernel_tap_major_weights(device, dtype, residual):
+def test_kernel_tap_major_weights(device, monkeypatch, dtype, residual):
     """Tap-major weights (strides (1, C)): windows and decode steps (T <= 16) read them as tile-shaped
-    loads (W_TILE), prefill chunks as vectors; both against the reference and, bit for bit, the twin."""
+    loads (W_TILE), prefill chunks as vectors; both against the reference and, bit for bit, the twin.
+    The window kernel is switched off, so the verify windows take the tiles too."""
+    import inkling_fast.kernels.short_conv as module
+    monkeypatch.setattr(module, "takes_window_kernel", lambda B, T, C: False)
     assert tap_major(torch.zeros(C, 1, 4)).stride() == (1, C)
     run_schedule(short_conv, dtype, 4, 4 + SPEC_K, device, residual, seed=77 + residual, twin_ring=True,
                  weight_layout=tap_major)
@@ -144,8 +148,10 @@ def test_kernel_tap_major_weights(device, dtype, residual):
 def test_kernel_any_tile_shape(device, monkeypatch, config, layout):
     """Tiles of (rows, channels) other than the default: tiles that straddle sequences (rows of the
     flattened B * T index) and channel tiles that end inside C; the ring-write launch of long chunks
-    takes odd channel tiles too and scans pos in pieces of 8 rows (several per chunk)."""
+    takes odd channel tiles too and scans pos in pieces of 8 rows (several per chunk). The window
+    kernel is switched off, so every window takes the tiles."""
     import inkling_fast.kernels.short_conv as module
+    monkeypatch.setattr(module, "takes_window_kernel", lambda B, T, C: False)
     monkeypatch.setattr(module, "launch_config", lambda n_rows, C, T: config)
     monkeypatch.setattr(module, "write_launch_config", lambda T, C: (8, config[1], config[2]))
     run_schedule(short_conv, torch.float32, 4, 4 + SPEC_K, device, True, seed=sum(config), twin_ring=True,
@@ -220,11 +226,11 @@ WINDOW_TWO = [("_window_kernel", False), ("_ring_write_kernel", None)]
 def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, R, launches):
     """K = 4: a call of T <= R - K + 1 rows reads and writes disjoint ring rows (one launch); longer
     calls must put every read before every write (two launches, in that order), tiles, windows (the
-    candidate switched on) or strips. The CPU interpreter runs programs one after another, so a race
-    could not show there: this pins the split."""
+    window kernel switched on or off for the case) or strips. The CPU interpreter runs programs one
+    after another, so a race could not show there: this pins the split."""
     import inkling_fast.kernels.short_conv as module
-    if launches[0][0] == "_window_kernel":
-        monkeypatch.setattr(module, "WINDOW_MIN_ROWS", 0)
+    on = launches[0][0] == "_window_kernel"
+    monkeypatch.setattr(module, "takes_window_kernel", lambda B, T, C: on)
     seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_window_kernel", "_strip_kernel",
                                                "_ring_write_kernel"))
     x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=R)
@@ -236,32 +242,45 @@ def test_reads_before_writes_when_the_ring_is_short(device, monkeypatch, T, R, l
 
 
 @pytest.mark.parametrize("T,K,layout,expect", [
-    (4, 4, "[C, K]", ("_short_conv_kernel", 4, False)), (4, 4, "tap-major", ("_short_conv_kernel", 4, True)),
-    (1, 4, "tap-major", ("_short_conv_kernel", 1, True)), (16, 4, "tap-major", ("_short_conv_kernel", 16, True)),
+    (4, 5, "[C, K]", ("_short_conv_kernel", 4, False)), (4, 5, "tap-major", ("_short_conv_kernel", 4, True)),
+    (1, 4, "tap-major", ("_short_conv_kernel", 1, True)), (2, 4, "tap-major", ("_window_kernel", None, None)),
+    (5, 4, "[C, K]", ("_window_kernel", None, None)), (6, 4, "tap-major", ("_short_conv_kernel", 6, True)),
+    (16, 4, "tap-major", ("_short_conv_kernel", 16, True)),
     (17, 4, "tap-major", ("_strip_kernel", None, None)), (19, 2, "[C, K]", ("_strip_kernel", None, None)),
     (19, 5, "tap-major", ("_short_conv_kernel", 0, False)),
-    (16, 4, "windows, candidate off", ("_short_conv_kernel", 16, True)),
-    (16, 4, "windows, candidate on", ("_window_kernel", None, None)),
-    (16, 5, "windows, candidate on", ("_short_conv_kernel", 16, True))])
+    (16, 4, "windows at WINDOW_MIN_ELEMENTS", ("_window_kernel", None, None)),
+    (16, 4, "windows one element short", ("_short_conv_kernel", 16, True)),
+    (16, 5, "windows at WINDOW_MIN_ELEMENTS", ("_short_conv_kernel", 16, True))])
 def test_launch_choices(device, monkeypatch, T, K, layout, expect):
     """The measured launch choices (docs/benchmarks/tuning.md): chunks of T > 16 rows take strips when
-    K <= 4; tiles otherwise, dividing by T as a constant when T <= 16, with the tile-shaped weight load
-    only for tap-major weights of windows and decode steps (with [C, K] weights it becomes one scalar
-    load per element and is slower; tiles of long chunks keep 1-D weight loads). The window kernel is
-    off by default; switched on (WINDOW_MIN_ROWS = 64) it takes windows of more rows when K <= 4."""
+    K <= 4; windows of 2 ... 5 rows the window kernel when K <= 4, longer ones (T <= 16) only from
+    WINDOW_MIN_ELEMENTS elements (B * T * C) on; the rest tiles, dividing by T as a constant when
+    T <= 16, with the tile-shaped weight load only for tap-major weights of windows and decode steps
+    (with [C, K] weights it becomes one scalar load per element and is slower; tiles of long chunks keep
+    1-D weight loads)."""
     import inkling_fast.kernels.short_conv as module
     seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_window_kernel", "_strip_kernel"))
-    if layout.startswith("windows"):  # 5 x 16 rows, tap-major weights
-        if layout.endswith("on"):
-            monkeypatch.setattr(module, "WINDOW_MIN_ROWS", 64)
+    if layout.startswith("windows"):  # 5 x 16 rows of C channels, tap-major weights
+        short = layout.endswith("short")
+        monkeypatch.setattr(module, "WINDOW_MIN_ELEMENTS", 5 * T * C + short)
         x, ring, weight, slot, pos, _ = _one_call(device, B=5, T=T, R=8 + K, K=K)
-        assert 5 * T > 64
+        assert x.numel() == 5 * T * C
         layout = "tap-major"
     else:
         x, ring, weight, slot, pos, _ = _one_call(device, T=T, R=8, K=K)
     short_conv(x, ring, tap_major(weight) if layout == "tap-major" else weight, slot, pos)
     name, meta = seen[0]
     assert (name, meta.get("T_CONST"), meta.get("W_TILE")) == expect
+
+
+@pytest.mark.parametrize("B,C,expect", [(3, 4096, (4, 128, 4)), (92, 4096, (4, 128, 4)), (93, 4096, (4, 256, 4)),
+                                        (1024, 1024, (4, 256, 4)), (380, 1024, (4, 128, 4)), (381, 1024, (4, 256, 4)),
+                                        (2000, 48, (4, 64, 4)), (1, 8, (4, 16, 4))])
+def test_window_launch_config(B, C, expect):
+    """256 channels a program once that grid has >= 384 programs (93 sequences at C = 4096: 24 x 16),
+    else 128; never wider than C rounded up to a power of two (at least 16)."""
+    from inkling_fast.kernels.short_conv_window import window_launch_config
+    assert window_launch_config(B, C, 5) == expect
 
 
 @pytest.mark.parametrize("valid", ["none", "lead 3 trail 10", "exactly R", "R - 2", "one", "all"])
@@ -296,8 +315,10 @@ def test_lean_windows(device, monkeypatch, dtype, B):
     """Windows of more than LEAN_MIN_ROWS rows with C a multiple of the channel tile take the lean tile
     kernel (int32 offsets, no load masks, taps that read nothing read a zero row): against the twin,
     with rows whose taps reach before position 0, leading and trailing padding, a fully padded row,
-    a last row tile that ends past B * T (B = 21: 105 rows), and the ring bit for bit."""
+    a last row tile that ends past B * T (B = 21: 105 rows), and the ring bit for bit. (The window
+    kernel, which takes such windows by default, is switched off.)"""
     import inkling_fast.kernels.short_conv as module
+    monkeypatch.setattr(module, "takes_window_kernel", lambda B, T, C: False)
     seen = record_launches(monkeypatch, names=("_short_conv_kernel",))
     T, Cw, R, K = 5, 64, 8, 4
     g = torch.Generator().manual_seed(B)
@@ -337,15 +358,15 @@ def test_lean_windows(device, monkeypatch, dtype, B):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,T,K", [(21, 5, 4), (40, 5, 3), (13, 9, 4), (7, 16, 2), (33, 2, 4)])
 def test_window_kernel(device, monkeypatch, dtype, B, T, K):
-    """The window kernel (switched on; whole sequences a program, the history in registers): against the
-    twin and, bit for bit (outputs and ring), against the default launch (lean tiles) on the same call. Rows whose taps reach before position 0, leading and trailing padding
+    """The window kernel (whole sequences a program, the history in registers; switched on for every
+    case): against the twin and, bit for bit (outputs and ring), against the tiles on the same call. Rows whose taps reach before position 0, leading and trailing padding
     (the history then comes from the ring at the run's first row), a fully padded row, a last program
     with fewer sequences than BLOCK_S (B = 21, 13, 33), T = 9 and 16 (the eight row buffers refilled)
     and channel tiles that end inside C."""
     import inkling_fast.kernels.short_conv as module
     seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_window_kernel"))
-    monkeypatch.setattr(module, "WINDOW_MIN_ROWS", 0)
-    monkeypatch.setattr(module, "window_launch_config", lambda C, T: (4, 32, 2))
+    monkeypatch.setattr(module, "takes_window_kernel", lambda B, T, C: True)
+    monkeypatch.setattr(module, "window_launch_config", lambda B, C, T: (4, 32, 2))
     Cw, R = 48, T + K - 1
     g = torch.Generator().manual_seed(B * T + K)
     x = randn(B, T, Cw, dtype=dtype, device=device, gen=g)
@@ -378,7 +399,7 @@ def test_window_kernel(device, monkeypatch, dtype, B, T, K):
     assert rel_l2(out[valid], ref[valid]) <= TOL[dtype]
     assert (out[~valid] == 0).all()
     assert bits_equal(ring, ring_twin)
-    monkeypatch.setattr(module, "WINDOW_MIN_ROWS", None)  # the same call on the default (tile) kernel
+    monkeypatch.setattr(module, "takes_window_kernel", lambda B, T, C: False)  # the same call on the tiles
     out_tile = short_conv(x, ring_tile, weight, slot, pos, residual=res)
     assert seen[-1][0] == "_short_conv_kernel"
     assert bits_equal(out, out_tile)
@@ -388,13 +409,13 @@ def test_window_kernel(device, monkeypatch, dtype, B, T, K):
 @pytest.mark.parametrize("config", [(1, 16, 1), (2, 32, 1), (8, 16, 4)])
 @pytest.mark.parametrize("K", [4, 2])
 def test_kernel_any_window_shape(device, monkeypatch, config, K):
-    """The whole schedule through the window kernel (switched on for every window: WINDOW_MIN_ROWS = 0):
+    """The whole schedule through the window kernel (switched on for every call of T <= 16):
     decode steps, verify windows with rollback and short-padding rows, and the chunks of T = 10 and 9 (more than R - K + 1 rows:
     outputs first, then the ring-write launch), with (BLOCK_S, BLOCK_C, warps) of 1, 2 and 8 sequences
     and channel tiles that end inside C."""
     import inkling_fast.kernels.short_conv as module
-    monkeypatch.setattr(module, "WINDOW_MIN_ROWS", 0)
-    monkeypatch.setattr(module, "window_launch_config", lambda C, T: config)
+    monkeypatch.setattr(module, "takes_window_kernel", lambda B, T, C: True)
+    monkeypatch.setattr(module, "window_launch_config", lambda B, C, T: config)
     seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_window_kernel", "_strip_kernel"))
     run_schedule(short_conv, torch.float32, K, K + SPEC_K, device, True, seed=sum(config) + K, twin_ring=True,
                  weight_layout=tap_major)
@@ -503,8 +524,8 @@ def test_real_sizes(Cg, B, T, dtype, layout):
 @pytest.mark.parametrize("Cg", [1024, 2048, 4096, 6144])
 @pytest.mark.parametrize("B,T", [(1024, 5), (3, 5), (64, 9), (16, 16)])
 def test_window_kernel_real_sizes(monkeypatch, Cg, B, T):
-    """The window kernel (switched on) at real widths in bf16 with its committed launch config: bit for
-    bit against the default launch (outputs and ring), padded rows included; the residual at C >= 4096."""
+    """The window kernel at real widths in bf16 with its committed launch config: bit for bit against
+    the tiles (outputs and ring), padded rows included; the residual at C >= 4096."""
     import inkling_fast.kernels.short_conv as module
     K, R = 4, T + 3
     g = torch.Generator().manual_seed(Cg + B + T)
@@ -519,8 +540,9 @@ def test_window_kernel_real_sizes(monkeypatch, Cg, B, T):
     res = randn(B, T, Cg, dtype=torch.bfloat16, device="cuda", gen=g) if Cg >= 4096 else None
     seen = record_launches(monkeypatch, names=("_short_conv_kernel", "_window_kernel"))
     ring_tile = ring.clone()
+    monkeypatch.setattr(module, "takes_window_kernel", lambda B, T, C: False)
     out_tile = short_conv(x, ring_tile, weight, slot, pos, residual=res, out=poison(torch.empty_like(x)))
-    monkeypatch.setattr(module, "WINDOW_MIN_ROWS", 0)
+    monkeypatch.setattr(module, "takes_window_kernel", lambda B, T, C: True)
     out = short_conv(x, ring, weight, slot, pos, residual=res, out=poison(torch.empty_like(x)))
     assert [name for name, _ in seen] == ["_short_conv_kernel", "_window_kernel"]
     assert bits_equal(out, out_tile)
