@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-L2_BYTES = 60 * 2**20  # H200 L2 cache
+L2_BYTES = 60 * 2**20  # H200 L2 cache (an H100 has 50 MB)
 ROTATE_BYTES = 4 * L2_BYTES  # input sets rotated per benchmark cover at least this many bytes
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/kernels.py                 # all
     python benchmarks/kernels.py norms swiglu    # only bench_norms.py and bench_swiglu.py
+    python benchmarks/kernels.py --out docs/benchmarks/kernels_h100.md norms   # another file
 
 Each section of kernels.md carries its own provenance line (GPU, torch, date, commit, command, copy
 bandwidth); a run replaces the sections it measured and keeps the others, with their own lines.
@@ -25,6 +26,11 @@ import harness  # noqa: E402
 def main(argv: list[str]) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("kernel benchmarks need a CUDA GPU")
+    out, out_arg = HERE.parent / "docs" / "benchmarks" / "kernels.md", None
+    if "--out" in argv:  # another file (e.g. a run on another GPU model): python benchmarks/kernels.py --out F ...
+        i = argv.index("--out")
+        out_arg, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+        out = Path(out_arg) if Path(out_arg).is_absolute() else Path.cwd() / out_arg
     wanted = set(argv)
     mods = sorted(HERE.glob("bench_*.py"))
     if wanted:
@@ -34,9 +40,9 @@ def main(argv: list[str]) -> None:
     print(f"copy bandwidth {ctx.copy_gbps:.0f} GB/s on {ctx.device_name}", flush=True)
     if wanted:  # run in the order given
         mods.sort(key=lambda m: argv.index(m.stem.removeprefix("bench_")))
-    out = HERE.parent / "docs" / "benchmarks" / "kernels.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = ("python benchmarks/kernels.py " + " ".join(argv)).strip()
+    command = ("python benchmarks/kernels.py " + ("" if out_arg is None else f"--out {out_arg} ")
+               + " ".join(argv)).strip()
     sections = read_sections(out)
     for path in mods:
         spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -52,12 +58,12 @@ def main(argv: list[str]) -> None:
         print(f"wrote {out} (section {mod.SECTION!r})", flush=True)
 
 
-HEADER = """# Kernel benchmarks (H200)
+HEADER = """# Kernel benchmarks
 
 Each table: times are medians of `triton.testing.do_bench` (CUDA events, after warm-up) over input
-sets rotated to exceed the 60 MB L2; '% of copy BW' = (floor bytes / measured device-to-device copy
+sets rotated to exceed the L2 (50 MB on an H100, 60 MB on an H200); '% of copy BW' = (floor bytes / measured device-to-device copy
 bandwidth, bytes read + written) / kernel time; the torch twin is the baseline measured in the same
-run. The line under each title says where, when and how that table was measured.
+run. The line under each title says where (which GPU), when and how that table was measured.
 """
 
 

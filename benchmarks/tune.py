@@ -1,6 +1,6 @@
 """Launch-configuration sweeps of the memory-bound kernels (a script, not a test; H200).
 
-    python benchmarks/tune.py OUT_DIR [short_conv] [short_conv_window] [copy_ceiling] [norms] [attention]
+    python benchmarks/tune.py OUT_DIR [short_conv] [short_conv_strips] [short_conv_window] [copy_ceiling] [norms] [attention]
     python benchmarks/tune.py OUT_DIR --dry        # CPU: tiny sizes through the interpreter, no timing
 
 For each kernel, each benchmark case of its `bench_*.py` at large sizes, and each candidate launch
@@ -109,24 +109,42 @@ WINDOW_SHAPES = ((1, 1), (16, 1), (256, 1), (8, 2), (64, 2), (3, 5), (256, 5), (
                  (16, 16), (64, 16))
 
 
+def tune_short_conv_strips(gbps, log):
+    """The strip kernel of prefill chunks (T > 16, K <= 4): (L rows, BLOCK_C, warps) of
+    `strip_launch_config` on 4 x 4096 and 1 x 2048 rows at the four widths (the chunk's ring-write launch
+    included: it is part of every such call)."""
+    import bench_short_conv as bsc
+    import inkling_fast.kernels.short_conv as mod
+    cases = (bsc.cases("cpu", streams={"kv tiny": (37, False), "H tiny": (300, True)}, shapes=((2, 19),))
+             if DRY else bsc.cases("cuda", shapes=((4, 4096), (1, 2048))))
+    configs = [(32, 256, 1), (32, 128, 1), (16, 256, 1), (64, 256, 1), (16, 128, 1), (32, 256, 2),
+               (32, 512, 2), (64, 512, 4), (128, 256, 1)]
+    if DRY:
+        configs = [(4, 16, 1), (8, 32, 1)]
+    return sweep_cases(cases, mod, configs, gbps, log, attr="strip_launch_config")
+
+
 def tune_short_conv_window(gbps, log):
-    """The window-kernel candidate (`inkling_fast.kernels.short_conv_window`, off by default) against the
-    default launch (lean tiles) on verify windows: first the default, then the candidate switched on
-    (WINDOW_MIN_ROWS = 0) under each (BLOCK_S, BLOCK_C, warps)."""
+    """The window kernel (`inkling_fast.kernels.short_conv_window`) against the tiles (lean above
+    LEAN_MIN_ROWS rows) on decode steps and windows: first the tiles (the window kernel switched off),
+    then the window kernel switched on for every case under its default config and each
+    (BLOCK_S, BLOCK_C, warps). The default routing (`takes_window_kernel`) is set from these tables."""
     import bench_short_conv as bsc
     import inkling_fast.kernels.short_conv as mod
     cases = (bsc.cases("cpu", streams={"kv tiny": (37, False), "H tiny": (300, True)}, shapes=((3, 4), (20, 4)))
              if DRY else bsc.cases("cuda", shapes=WINDOW_SHAPES))
-    out = sweep_cases(cases, mod, [], gbps, log, tag="tiles ")  # the default (lean above LEAN_MIN_ROWS rows)
     configs = [(4, 256, 4), (4, 128, 4), (2, 128, 2), (1, 256, 1), (8, 128, 4)]
     if DRY:
         configs = [(2, 16, 1), (4, 32, 2)]
-    default_min = mod.WINDOW_MIN_ROWS
-    mod.WINDOW_MIN_ROWS = 0
+    route = mod.takes_window_kernel
+    out = []
     try:
+        mod.takes_window_kernel = lambda B, T, C: False
+        out += sweep_cases(cases, mod, [], gbps, log, tag="tiles ")
+        mod.takes_window_kernel = lambda B, T, C: True
         out += sweep_cases(cases, mod, configs, gbps, log, attr="window_launch_config", tag="window ")
     finally:
-        mod.WINDOW_MIN_ROWS = default_min
+        mod.takes_window_kernel = route
     return out
 
 
