@@ -31,7 +31,7 @@ Three kernels, chosen from host-known sizes (`launch_config`, `takes_window_kern
     over BLOCK_C channels, the K-1 previous inputs held in registers, so x is read once; x and the
     residual are loaded four rows ahead of the row being computed (four buffers), so that four rows of
     loads are in flight per warp. Measured on the H200: 67 -> 88 % of copy bandwidth at C = 6144
-    (docs/benchmarks/tuning.md).
+    against the tiles (docs/benchmarks/tuning.md).
 
 Races: a call reads ring rows of the K-1 positions before its first one and writes the rows of
 its own positions. When T + K - 1 <= R these rows are all distinct and one launch does both.
@@ -482,11 +482,14 @@ STRIP_MAX_K = 4
 
 
 def strip_launch_config(C: int) -> tuple[int, int, int]:
-    """(L, BLOCK_C, num_warps) of `_strip_kernel`: 32 rows, one warp, 128 channels (4 per thread) at
-    C >= 4096 and 256 below. Measured on the H200 (docs/benchmarks/tuning.md, A/B of 2026-12-04):
-    within 2 % of the best of seven tiles at C = 6144 / 4096 / 2048 and the best at C = 1024 (where
-    more rows per strip leave SMs idle: 4 x 4096 rows make 2048 programs of 32 rows)."""
-    return 32, (128 if C >= 4096 else 256), 1
+    """(L, BLOCK_C, num_warps) of `_strip_kernel`: 16 rows, 128 channels (4 a thread), one warp.
+    Measured on an H100 (docs/benchmarks/tuning.md, 2026-12-05; ring-write launch included), against
+    nine configs on 4 x 4096 and 1 x 2048 rows at C = 1024 ... 6144: the best or within 0.5 µs of it on
+    seven of the eight cases, 1.4 µs (6 %) behind 32 x 128 at 1 x 2048, C = 4096; 0.9-5.9 µs faster
+    than the earlier choice (32 rows; 256 channels below C = 4096, from an H200 A/B of 2026-12-04)
+    on 4 x 4096 rows at C >= 2048 and 2.7-4.0 µs at 1 x 2048 rows at C <= 2048; slower by 0.3 µs at
+    4 x 4096, C = 1024 and by 1.3 µs at 1 x 2048, C = 4096. The H200 has not timed this choice."""
+    return 16, 128, 1
 
 
 def write_launch_config(T: int, C: int) -> tuple[int, int, int]:
