@@ -61,9 +61,9 @@ def main(argv: list[str]) -> None:
 HEADER = """# Kernel benchmarks
 
 Each table: times are medians of `triton.testing.do_bench` (CUDA events, after warm-up) over input
-sets rotated to exceed the L2 (50 MB on an H100, 60 MB on an H200); '% of copy BW' = (floor bytes / measured device-to-device copy
-bandwidth, bytes read + written) / kernel time; the torch twin is the baseline measured in the same
-run. The line under each title says where (which GPU), when and how that table was measured.
+sets rotated to exceed the L2 (50 MB on an H100, 60 MB on an H200); '% of copy BW' = (floor bytes /
+measured device-to-device copy bandwidth, bytes read + written) / kernel time; the torch twin is the
+baseline measured in the same run. The line under each title says where (which GPU), when and how that table was measured.
 """
 
 
