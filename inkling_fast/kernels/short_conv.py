@@ -473,7 +473,9 @@ def takes_window_kernel(B: int, T: int, C: int) -> bool:
     cases): faster or equal at T = 2 and 5 for 3 ... 1024 sequences; slower at T = 1 (decode: the tiles
     put one row a program) and at T = 9 and 16 with 16 sequences or 64 x 16 x 1024 (too few programs
     for a serial walk of the rows), faster there from 2**21 elements on. T = 3, 4 and 6 ... 8 were not
-    measured (interpolated)."""
+    measured (interpolated). Re-timed on the H200 (tuning.md, 2026-12-06, same 48 cases): the routed
+    kernel is the faster in 44; the other four are within 0.1 µs, or a 256 x 1 decode step at C = 1024
+    that the window kernel would run 0.4 µs faster."""
     return 2 <= T <= 16 and (T <= WINDOW_ANY_B_MAX_T or B * T * C >= WINDOW_MIN_ELEMENTS)
 
 
@@ -488,7 +490,9 @@ def strip_launch_config(C: int) -> tuple[int, int, int]:
     seven of the eight cases, 1.4 µs (6 %) behind 32 x 128 at 1 x 2048, C = 4096; 0.9-5.9 µs faster
     than the earlier choice (32 rows; 256 channels below C = 4096, from an H200 A/B of 2026-12-04)
     on 4 x 4096 rows at C >= 2048 and 2.7-4.0 µs at 1 x 2048 rows at C <= 2048; slower by 0.3 µs at
-    4 x 4096, C = 1024 and by 1.3 µs at 1 x 2048, C = 4096. The H200 has not timed this choice."""
+    4 x 4096, C = 1024 and by 1.3 µs at 1 x 2048, C = 4096. On the H200 (tuning.md, 2026-12-06) it has
+    the smallest total of the nine configs over those eight cases; per case it is 0.6-3.4 µs behind the
+    best at six of them and the best at 1 x 2048 rows of C = 1024 and 2048."""
     return 16, 128, 1
 
 
