@@ -30,8 +30,8 @@ Three kernels, chosen from host-known sizes (`launch_config`, `takes_window_kern
   * strips, for chunks of T > 16 rows (prefill) with K <= 4: a program walks L rows of one sequence
     over BLOCK_C channels, the K-1 previous inputs held in registers, so x is read once; x and the
     residual are loaded four rows ahead of the row being computed (four buffers), so that four rows of
-    loads are in flight per warp. Measured on the H200: 67 -> 88 % of copy bandwidth at C = 6144
-    against the tiles (docs/benchmarks/tuning.md).
+    loads are in flight per warp. Measured on the H200 at C = 6144: 67 % of copy bandwidth with the
+    tiles, 88 % with 32-row strips, 87 % with the 16-row strips of today (docs/benchmarks/kernels.md).
 
 Races: a call reads ring rows of the K-1 positions before its first one and writes the rows of
 its own positions. When T + K - 1 <= R these rows are all distinct and one launch does both.
@@ -469,13 +469,13 @@ WINDOW_MIN_ELEMENTS = 2 ** 21    # windows of 6 ... 16 rows from this many eleme
 
 def takes_window_kernel(B: int, T: int, C: int) -> bool:
     """Whether B sequences of T rows by C channels (K <= WINDOW_MAX_K) take the window kernel rather than
-    the tiles. Measured on an H100 against the lean tiles (docs/benchmarks/tuning.md, 2026-12-05, 48
-    cases): faster or equal at T = 2 and 5 for 3 ... 1024 sequences; slower at T = 1 (decode: the tiles
-    put one row a program) and at T = 9 and 16 with 16 sequences or 64 x 16 x 1024 (too few programs
-    for a serial walk of the rows), faster there from 2**21 elements on. T = 3, 4 and 6 ... 8 were not
-    measured (interpolated). Re-timed on the H200 (tuning.md, 2026-12-06, same 48 cases): the routed
-    kernel is the faster in 44; the other four are within 0.1 µs, or a 256 x 1 decode step at C = 1024
-    that the window kernel would run 0.4 µs faster."""
+    the tiles. Measured on an H100 against the lean tiles (2026-12-05, 48 cases; raw lines lost,
+    docs/benchmarks/tuning.md says what remains): faster or equal at T = 2 and 5 for 3 ... 1024
+    sequences; slower at T = 1 (decode: the tiles put one row a program) and at T = 9 and 16 with 16
+    sequences or 64 x 16 x 1024 (too few programs for a serial walk of the rows), faster there from
+    2**21 elements on. T = 3, 4 and 6 ... 8 were not measured (interpolated). Re-timed on the H200
+    (tuning.md, 2026-12-06, same 48 cases): the routed kernel is the faster in 44; the other four are
+    within 0.1 µs, or a 256 x 1 decode step at C = 1024 that the window kernel would run 0.4 µs faster."""
     return 2 <= T <= 16 and (T <= WINDOW_ANY_B_MAX_T or B * T * C >= WINDOW_MIN_ELEMENTS)
 
 
@@ -485,7 +485,7 @@ STRIP_MAX_K = 4
 
 def strip_launch_config(C: int) -> tuple[int, int, int]:
     """(L, BLOCK_C, num_warps) of `_strip_kernel`: 16 rows, 128 channels (4 a thread), one warp.
-    Measured on an H100 (docs/benchmarks/tuning.md, 2026-12-05; ring-write launch included), against
+    Measured on an H100 (2026-12-05, raw lines lost; ring-write launch included), against
     nine configs on 4 x 4096 and 1 x 2048 rows at C = 1024 ... 6144: the best or within 0.5 µs of it on
     seven of the eight cases, 1.4 µs (6 %) behind 32 x 128 at 1 x 2048, C = 4096; 0.9-5.9 µs faster
     than the earlier choice (32 rows; 256 channels below C = 4096, from an H200 A/B of 2026-12-04)
