@@ -94,6 +94,7 @@ _CONFIGS = [
     triton.Config({"BLOCK_T": 64, "BLOCK_V": 128, "BLOCK_K": 128}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_T": 128, "BLOCK_V": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_T": 64, "BLOCK_V": 256, "BLOCK_K": 64}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_T": 32, "BLOCK_V": 64, "BLOCK_K": 32}, num_warps=4, num_stages=2),   # small (float32)
 ]
 _INTERPRET_META = dict(BLOCK_T=32, BLOCK_V=64, BLOCK_K=32, num_warps=4)
 _partial = _lm_head_rows_kernel if INTERPRET else \

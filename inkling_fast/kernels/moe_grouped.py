@@ -253,6 +253,7 @@ _UP_CONFIGS = [
     triton.Config({"BLOCK_N": 128, "BLOCK_K": 64}, num_warps=8, num_stages=4),
     triton.Config({"BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_N": 64, "BLOCK_K": 32}, num_warps=4, num_stages=2),     # small (float32, BLOCK_M 128)
 ]
 _DOWN_CONFIGS = [
     triton.Config({"BLOCK_N": 128, "BLOCK_K": 128}, num_warps=4, num_stages=4),
@@ -261,6 +262,7 @@ _DOWN_CONFIGS = [
     triton.Config({"BLOCK_N": 256, "BLOCK_K": 64}, num_warps=8, num_stages=4),
     triton.Config({"BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_N": 128, "BLOCK_K": 64}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_N": 64, "BLOCK_K": 32}, num_warps=4, num_stages=2),     # small (float32, BLOCK_M 128)
 ]
 _KEY = ["H", "F", "BLOCK_M", "FP32_DOT"]  # (FIX_BF16 is off on a GPU)
 _up = _grouped_up_kernel if INTERPRET else triton.autotune(configs=_UP_CONFIGS, key=_KEY)(_grouped_up_kernel)
