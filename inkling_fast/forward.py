@@ -41,7 +41,7 @@ from .weights import BlockWeights, DenseWeights, ModelWeights, MoEWeights
 # Few-token kernels below these sizes, many-token designs from them on (both give the same results up to
 # float32 summation order; tests force each path by setting these).
 MANY_TOKENS = 64      # MoE: `moe` (one program per touched expert, <= 256 tokens) below, `moe_grouped` from here
-MANY_ROWS = 64        # greedy LM head: `lm_head_argmax` (W streamed once per 64 rows) below, `lm_head_rows` from here
+MANY_ROWS = 65        # greedy LM head: `lm_head_argmax` (streams W once per 64 rows) below, `lm_head_rows` from here
 
 
 def block_forward(w: BlockWeights, cache: LayerCache, h: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
