@@ -2,8 +2,8 @@
 moe_torch, the kernels against the twin for odd token counts, tile sizes and widths, routing extremes (every
 token on one expert, most experts empty, the last expert id alone), the whole layer against the reference
 and against the few-token `moe`, the dispatch in forward.mlp_forward, errors, and on a GPU the Inkling-Small
-widths (256 experts, top-6, 2 shared) at 576 and 4096 tokens, determinism, and a run without host sync that
-is captured in a CUDA graph and replayed."""
+widths (256 experts, top-6, 2 shared) at 1 to 4096 tokens, all tokens on six experts, determinism, and a run
+without host sync that is captured in a CUDA graph and replayed."""
 
 import importlib.util
 from pathlib import Path
@@ -215,14 +215,22 @@ def test_errors_name_the_argument(device):
 
 
 # ----------------------------------------------------------------------------- GPU: Inkling-Small
+@pytest.fixture(scope="module")
+def small_layer():
+    """One random Inkling-Small MoE layer (13 GB of bf16 experts), drawn once for the GPU tests below."""
+    layer = real_layer(*WIDTHS["Inkling-Small"], seed=4096)
+    yield layer
+    del layer
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("N", [1, 37, 256, 576, 4096])
-def test_real_sizes(N):
+def test_real_sizes(small_layer, N):
     """Inkling-Small widths (H 4096, Fm 2048, 256 experts top-6 + 2 shared, bf16): the experts against the
     twin on the kernel's own routing; the layer = route + experts bit for bit, and deterministic; at
     N <= 256 the same layer as the few-token `moe`."""
-    H, F = WIDTHS["Inkling-Small"]
-    layer = real_layer(H, F, seed=H)
+    H, layer = WIDTHS["Inkling-Small"][0], small_layer
     x = torch.randn(N, H, device="cuda", generator=torch.Generator(device="cuda").manual_seed(N)).bfloat16()
     chosen, weights = moe_route(x, *layer[:5])
     check_routing(chosen, weights, x, layer)
@@ -232,16 +240,28 @@ def test_real_sizes(N):
     assert torch.equal(moe_grouped(x, *layer), y)
     if N <= 256:
         assert rel_l2(y, moe(x, *layer)) <= TOL[torch.bfloat16]
-    del layer
-    torch.cuda.empty_cache()
 
 
 @pytest.mark.gpu
-def test_without_host_sync_in_a_cuda_graph():
+def test_real_size_all_tokens_on_six_experts(small_layer):
+    """A selection bias of +100 on six experts (the first and last ids among them) sends all 4096 tokens
+    there: six full experts of 32 tiles of 128 rows each, 250 empty ones; the layer still equals the twin."""
+    H, layer = WIDTHS["Inkling-Small"][0], list(small_layer)
+    favourites = [0, 50, 100, 101, 200, 255]
+    layer[1] = layer[1].clone()
+    layer[1][favourites] += 100.0
+    x = torch.randn(4096, H, device="cuda", generator=torch.Generator(device="cuda").manual_seed(5)).bfloat16()
+    chosen, weights = moe_route(x, *layer[:5])
+    assert (chosen.sort(1).values == torch.tensor(favourites, device="cuda", dtype=torch.int32)).all()
+    y = moe_grouped(x, *layer, out=poison(torch.empty(4096, H, dtype=torch.bfloat16, device="cuda")))
+    assert rel_l2(y, moe_grouped_experts_torch(x, chosen.long(), weights, *layer[5:])) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_without_host_sync_in_a_cuda_graph(small_layer):
     """576 tokens (batch 64 x 9 verify rows): no host sync inside (sync debug mode 'error'), captured in a
     CUDA graph, replayed on new inputs: the replay equals an eager call bit for bit."""
-    H, F = WIDTHS["Inkling-Small"]
-    layer = real_layer(H, F, seed=7)
+    H, layer = WIDTHS["Inkling-Small"][0], small_layer
     g = torch.Generator(device="cuda").manual_seed(8)
     N = 576
     x = torch.randn(N, H, device="cuda", generator=g).bfloat16()
