@@ -148,6 +148,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--src", default=str(ROOT), help="source tree whose inkling_ref / inkling_fast are measured")
     ap.add_argument("--label", default="")
+    ap.add_argument("--workloads", default="readme,batch8", help="comma-separated: readme, batch8")
+    ap.add_argument("--no-cli", action="store_true", help="skip timing the command line")
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child)))
@@ -155,7 +157,7 @@ def main(argv: list[str]) -> None:
     src, out = Path(args.src).resolve(), Path(args.out or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
     res = dict(src=str(src), scenarios=[], cli=[])
-    for workload in ("readme", "batch8"):
+    for workload in args.workloads.split(","):
         cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
         for state in ("cold", "warm"):
             r = run_child(src, workload, cache)
@@ -168,7 +170,7 @@ def main(argv: list[str]) -> None:
                   f"{sum(c['seconds'] for c in r['autotunes'].values()):.1f} s, captures "
                   f"{len(r['captures'])} ({sum(c['seconds'] for c in r['captures']):.2f} s)", flush=True)
     cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
-    for engine, state in (("fast", "cold"), ("fast", "warm"), ("ref", "warm")):
+    for engine, state in () if args.no_cli else (("fast", "cold"), ("fast", "warm"), ("ref", "warm")):
         c = time_cli(src, engine, cache)
         c["cache"] = state
         res["cli"].append(c)
