@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .attention_decode import attend_torch, launch_attention, validate_attention_args
-from .attention_prep import commit_rows
+from .commit_rows import commit_rows
 
 
 def _check_flat(name, x, B, T, nKV, hd, like):
@@ -55,9 +55,8 @@ def attention_prefill(q, rel, k_new, v_new, k_cache, v_cache, slot, pos, *, wind
     G = nH // nKV
     launch_attention(q, rel, k_cache, v_cache, k_new, v_new, slot, pos, window, 1, out, block_t=max(1, 64 // G))
     if B * T:
-        last = pos.amax(dim=1).to(torch.int32)
-        commit_rows(k_new.view(B, T, nKV * hd), k_cache, slot, pos, last)
-        commit_rows(v_new.view(B, T, nKV * hd), v_cache, slot, pos, last)
+        commit_rows(k_new.view(B, T, nKV * hd), k_cache, slot, pos)
+        commit_rows(v_new.view(B, T, nKV * hd), v_cache, slot, pos)
     return out
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-# Tolerances of docs/fast_path.md: relative L2 error of the kernel against its twin / the reference.
+from inkling_fast.kernels.common import interpreting
+
+# The dtypes every kernel test runs in, and the tolerances of docs/fast_path.md: relative L2 error
+# (inkling_ref.testing.rel_l2) of the kernel against its twin / the reference.
+DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -15,17 +17,6 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 def device() -> str:
     """'cuda' when a GPU is present (the real kernels), else 'cpu' (TRITON_INTERPRET=1, see conftest)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in float64 (on the CPU); NaN or inf anywhere in a or b gives inf (never passes
-    a bound)."""
-    a, b = a.double().cpu(), b.double().cpu()
-    if a.shape != b.shape:
-        raise AssertionError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return float("inf")
-    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
 def rows_per_program(monkeypatch, module, rows: int | None) -> None:
@@ -79,7 +70,7 @@ def norm_weight(H: int, device, gen: torch.Generator) -> torch.Tensor:
 # Triton's CPU interpreter converts float32 -> bfloat16 by truncation (triton/runtime/interpreter.py,
 # cast_impl), the GPU rounds to nearest even; so a rounded bf16 result can differ by one unit in the
 # last place under the interpreter.
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRETED = interpreting()
 
 
 def assert_rounded_equal(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -91,11 +82,3 @@ def assert_rounded_equal(a: torch.Tensor, b: torch.Tensor) -> None:
         return
     ulp = b.float().abs() * 2.0**-7  # bf16 keeps 8 significant bits
     assert torch.isfinite(a).all() and ((a.float() - b.float()).abs() <= ulp).all()
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-for-bit equality (NaN payloads included): for pure copies such as cache writes."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.view(ints), b.view(ints))
