@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from .commit_rows import commit_rows
-from .common import FLOAT_DTYPES, both, interpreting, need, round_to
+from .common import FLOAT_DTYPES, both, check_kernel_device, interpreting, need, out_tensor, round_to
 
 
 
@@ -201,7 +201,7 @@ def _prep_kernel(
 def _check_rows(name: str, x: torch.Tensor, B: int, T: int, width: int) -> None:
     got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
     need(isinstance(x, torch.Tensor) and tuple(x.shape) == (B, T, width),
-          f"{name}: expected shape [B={B}, T={T}, {width}], got {got}")
+         f"{name}: expected shape [B={B}, T={T}, {width}], got {got}")
     need(x.stride(-1) == 1, f"{name}: the last dimension must be contiguous (stride 1), got stride {x.stride(-1)}")
 
 
@@ -222,7 +222,7 @@ def _validate(q, k_in, v_in, r, q_norm, k_norm, k_conv, v_conv, rel_proj, k_ring
     need(k_cache.dim() == 4, f"k_cache: expected [slots, cap, nKV, hd], got {tuple(k_cache.shape)}")
     slots, cap, nKV, hd = k_cache.shape
     need(tuple(v_cache.shape) == tuple(k_cache.shape),
-          f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+         f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     C = nKV * hd
     need(q.shape[-1] % hd == 0, f"q: width {q.shape[-1]} is not a multiple of head_dim={hd} (from k_cache)")
     nH = q.shape[-1] // hd
@@ -235,15 +235,15 @@ def _validate(q, k_in, v_in, r, q_norm, k_norm, k_conv, v_conv, rel_proj, k_ring
     _check_rows("r", r, B, T, nH * d_rel)
     for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
         need(tuple(w.shape) == (hd,) and w.is_contiguous(), f"{name}: expected a contiguous [{hd}], got "
-              f"{tuple(w.shape)} with strides {w.stride()}")
+             f"{tuple(w.shape)} with strides {w.stride()}")
     k_conv = _conv_weight("k_conv", k_conv, C)
     v_conv = _conv_weight("v_conv", v_conv, C)
     need(k_conv.shape == v_conv.shape, f"k_conv {tuple(k_conv.shape)} and v_conv {tuple(v_conv.shape)} differ")
     K = k_conv.shape[1]
     need(k_ring.dim() == 3 and k_ring.shape[0] == slots and k_ring.shape[2] == C,
-          f"k_ring: expected [slots={slots}, R, C={C}], got {tuple(k_ring.shape)}")
+         f"k_ring: expected [slots={slots}, R, C={C}], got {tuple(k_ring.shape)}")
     need(tuple(v_ring.shape) == tuple(k_ring.shape),
-          f"v_ring: expected the shape of k_ring {tuple(k_ring.shape)}, got {tuple(v_ring.shape)}")
+         f"v_ring: expected the shape of k_ring {tuple(k_ring.shape)}, got {tuple(v_ring.shape)}")
     R = k_ring.shape[1]
     need(R >= K - 1, f"k_ring: R={R} rows cannot hold the K-1={K - 1} previous conv inputs")
     dt = k_cache.dtype
@@ -255,6 +255,7 @@ def _validate(q, k_in, v_in, r, q_norm, k_norm, k_conv, v_conv, rel_proj, k_ring
                     ("rel_proj", rel_proj)):
         need(x.dtype in FLOAT_DTYPES, f"{name}: dtype {x.dtype} not supported")
     dev = k_cache.device
+    check_kernel_device("k_cache", k_cache)
     for name, x in (("q", q), ("k_in", k_in), ("v_in", v_in), ("r", r), ("q_norm", q_norm), ("k_norm", k_norm),
                     ("k_conv", k_conv), ("v_conv", v_conv), ("rel_proj", rel_proj), ("k_ring", k_ring),
                     ("v_ring", v_ring), ("v_cache", v_cache), ("slot", slot), ("pos", pos)):
@@ -285,16 +286,16 @@ def attention_prep(q, k_in, v_in, r, *, q_norm, k_norm, k_conv, v_conv, rel_proj
         pos, log_tau)
     if not flat_kv:
         need(T + K - 1 <= R, f"k_ring: a call of T={T} rows with conv kernel K={K} needs R >= T + K - 1 = "
-              f"{T + K - 1} ring rows (R={R}) to read and write the ring in one launch; pass flat_kv=True "
-              "(the prefill path) for longer calls")
+             f"{T + K - 1} ring rows (R={R}) to read and write the ring in one launch; pass flat_kv=True "
+             "(the prefill path) for longer calls")
         need(T <= cap, f"k_cache: T={T} rows do not fit a cache of cap={cap} rows; pass flat_kv=True "
-              "(the prefill path) for longer calls")
+             "(the prefill path) for longer calls")
     dev, dt = k_cache.device, k_cache.dtype
-    q_out = _out("q_out", q_out, (B, T, nH, hd), dt, dev)
-    rel_out = _out("rel_out", rel_out, (B, T, nH, E), torch.float32, dev)
+    q_out = out_tensor("q_out", q_out, (B, T, nH, hd), dt, dev)
+    rel_out = out_tensor("rel_out", rel_out, (B, T, nH, E), torch.float32, dev)
     if flat_kv:
-        k_dst = _out("k_out", k_out, (B, T, nKV, hd), dt, dev)
-        v_dst = _out("v_out", v_out, (B, T, nKV, hd), dt, dev)
+        k_dst = out_tensor("k_out", k_out, (B, T, nKV, hd), dt, dev)
+        v_dst = out_tensor("v_out", v_out, (B, T, nKV, hd), dt, dev)
     else:
         k_dst, v_dst = k_cache, v_cache
     if B * T == 0:
@@ -323,15 +324,6 @@ def attention_prep(q, k_in, v_in, r, *, q_norm, k_norm, k_conv, v_conv, rel_proj
     commit_rows(k_in, k_ring, slot, pos)
     commit_rows(v_in, v_ring, slot, pos)
     return Prep(q_out, rel_out, k_dst, v_dst)
-
-
-def _out(name, x, shape, dtype, device):
-    if x is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    need(tuple(x.shape) == tuple(shape) and x.dtype == dtype and x.device == device and x.is_contiguous(),
-          f"{name}: expected a contiguous {dtype} tensor {list(shape)} on {device}, got "
-          f"{x.dtype} {tuple(x.shape)} on {x.device}")
-    return x
 
 
 # ----------------------------------------------------------------------------------------------- twin

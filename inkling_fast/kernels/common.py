@@ -8,6 +8,7 @@ the argument checks of the wrappers.
     dot(a, b, acc, FP32_DOT)           @triton.jit: acc + a @ b with float32 accumulation
     need(ok, msg)                      raise ValueError(msg) unless ok
     check_tensor(name, t, ...)         one clear ValueError naming the argument and what would be valid
+    out_tensor(name, t, shape, ...)    a given output buffer checked, or a new one
     check_kernel_device(name, t)       CUDA tensors, or CPU tensors under the interpreter
 
 Interpreter workarounds (taken only when `interpreting()`; the compiled GPU kernels never see them):
@@ -92,13 +93,22 @@ def check_tensor(name: str, t, shape: tuple | None = None, dtypes=None, device=N
         shape_txt = f" of shape {tuple(shape)}" if shape is not None else ""
         raise ValueError(f"{name} must be {what}{shape_txt}, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
-        raise ValueError(f"{name} has dtype {t.dtype}; it must be {_names(dtypes)}")
+        raise ValueError(f"{name} has dtype {t.dtype}; {name} must be {_names(dtypes)}")
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
     if device is not None and t.device != torch.device(device):
         raise ValueError(f"{name} is on {t.device}, expected {device}")
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+
+
+def out_tensor(name: str, t, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    """The output buffer `t` (e.g. a CUDA graph's static one) checked to be a contiguous `dtype`
+    tensor of `shape` on `device`, or a new one when t is None."""
+    if t is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    check_tensor(name, t, shape, dtype, device, contiguous=True)
+    return t
 
 
 def check_kernel_device(name: str, t: torch.Tensor) -> None:

@@ -19,13 +19,6 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def rows_per_program(monkeypatch, module, rows: int | None) -> None:
-    """Make the row kernels of `module` (rms_norm) take `rows` rows per program
-    (None: the module's default launch_config), so tiles whose last rows lie past N get tested."""
-    if rows is not None:
-        monkeypatch.setattr(module, "launch_config", lambda H, n_rows: (rows, 2))
-
-
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill t in place with a value no kernel writes (NaN for floats, -7 for integers), so an element
     the kernel fails to write is caught."""

@@ -85,7 +85,7 @@ def test_rejects_bad_input():
     case = build(SLIDING, torch.float32, seed=64)
     prep = attention_prep_torch(case.q, case.k_in, case.v_in, case.r, flat_kv=True,
                                 **(case.prep_kwargs() | case.clone_state()))
-    with pytest.raises(ValueError, match="k_new: expected"):
+    with pytest.raises(ValueError, match="k_new has shape"):
         attention_prefill(prep.q, prep.rel, prep.k[:, :-1], prep.v, case.k_cache, case.v_cache, case.slot,
                           case.pos, window=SLIDING.window)
     small = case.k_cache[:, : SLIDING.window - 1].contiguous()

@@ -6,14 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import (device, poison, randint, randn, rel_l2,  # noqa: F401 (fixture)
-                           run_without_sync_then_capture)
+from helpers import DTYPES, device, poison, randint, randn, run_without_sync_then_capture  # noqa: F401 (fixture)
 
 from configs import tiny_config
 from inkling_fast.kernels.lm_head_argmax import lm_head_argmax, lm_head_argmax_torch
 from inkling_ref import random_model
-
-DTYPES = [torch.float32, torch.bfloat16]
+from inkling_ref.testing import rel_l2
 
 
 def exact_logits(h: torch.Tensor, W: torch.Tensor, V_out: int, chunk: int = 16384) -> torch.Tensor:

@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import (TOL, device, poison, randint, randn, rel_l2,  # noqa: F401 (fixture)
-                           run_without_sync_then_capture)
+from helpers import DTYPES, TOL, device, poison, randint, randn, run_without_sync_then_capture  # noqa: F401 (fixture)
 
 from configs import tiny_config
 from inkling_fast.kernels.moe import moe, moe_experts, moe_experts_torch, moe_torch
 from inkling_fast.kernels.moe_router import moe_route, moe_route_torch
 from inkling_ref.moe import MoE
 from inkling_ref.random_init import randomize_
+from inkling_ref.testing import rel_l2
 from mutants import load_mutant
 
-DTYPES = [torch.float32, torch.bfloat16]
 SMALL = dict(H=64, F=32, R=16, K=3, S=2)          # CPU sizes (the interpreter is slow)
 
 
