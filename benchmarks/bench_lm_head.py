@@ -29,6 +29,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import harness  # noqa: E402
 from inkling_fast.kernels.lm_head_argmax import lm_head_argmax, lm_head_argmax_torch  # noqa: E402
+from inkling_ref.testing import rel_l2  # noqa: E402
 
 SECTION = "LM-head argmax without logits vs GEMM + argmax (bf16, V = 201024, V_out = 200058)"
 V, V_OUT = 201024, 200058
@@ -56,7 +57,7 @@ def check(h: torch.Tensor, W: torch.Tensor, V_out: int) -> int:
     tol = 1e-5 * h.float().norm(dim=1) * W[:V_out].float().norm(dim=1).max()
     if not ((got >= twin_vals * MUP - tol).all() and (ids < V_out).all()):
         raise RuntimeError(f"lm_head_argmax picked a non-maximal id: {ids.tolist()} vs {twin_ids.tolist()}")
-    err = ((vals.double() - twin_vals.double()).norm() / twin_vals.double().norm()).item()
+    err = rel_l2(vals, twin_vals)
     if not err <= 1e-5:
         raise RuntimeError(f"lm_head_argmax values differ from the twin: relative L2 {err:.2e}")
     return int((gemm_argmax(h, W, V_out) != ids).sum())

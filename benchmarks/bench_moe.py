@@ -34,6 +34,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import harness  # noqa: E402
 from inkling_fast.kernels.moe import moe, moe_experts_torch, moe_torch  # noqa: E402
 from inkling_fast.kernels.moe_router import moe_route, moe_route_torch  # noqa: E402
+from inkling_ref.testing import rel_l2  # noqa: E402
 
 SECTION = "Small-batch MoE vs grouped torch and the distinct-expert floor (bf16, 256 experts top-6 + 2 shared)"
 WIDTHS = {"Inkling-Small": (4096, 2048), "Inkling": (6144, 3072)}
@@ -81,7 +82,7 @@ def check(x: torch.Tensor, lyr) -> float:
     y = moe(x, *lyr)
     chosen, weights = moe_route(x, *lyr[:5])
     want = moe_experts_torch(x, chosen.long(), weights, *lyr[5:])
-    err = ((y.double() - want.double()).norm() / want.double().norm()).item()
+    err = rel_l2(y, want)
     if not err <= 1e-2:
         raise RuntimeError(f"moe and the grouped torch experts disagree: relative L2 {err:.2e}")
     return err

@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from inkling_ref.testing import rel_l2
+
 L2_BYTES = 60 * 2**20  # H200 L2 cache (an H100 has 50 MB)
 ROTATE_BYTES = 4 * L2_BYTES  # input sets rotated per benchmark cover at least this many bytes
 
@@ -156,15 +158,7 @@ def agreement(case: Case, s: tuple) -> float:
     its own copy: kernels may write their inputs, e.g. caches). NaN or inf anywhere gives inf."""
     a, b = case.fn(*_fresh(s)), case.twin(*_fresh(s))
     a, b = (a, b) if isinstance(a, tuple) else ((a,), (b,))
-    err = 0.0
-    for x, y in zip(a, b):
-        if x is None or y is None:
-            continue
-        x, y = x.double(), y.double()
-        if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
-            return float("inf")
-        err = max(err, ((x - y).norm() / y.norm().clamp_min(1e-30)).item())
-    return err
+    return max((rel_l2(x, y) for x, y in zip(a, b) if x is not None and y is not None), default=0.0)
 
 
 def run_cases(cases) -> list[Row]:

@@ -28,21 +28,6 @@ from inkling_ref.random_init import randomize_
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all(), "result has non-finite values"
-    return ((a - b).norm() / b.norm()).item()
-
-
-def bits(x: torch.Tensor) -> torch.Tensor:
-    """The raw bit pattern (so NaN poison compares equal to itself)."""
-    return x.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
-
-
 @dataclass
 class Spec:
     kind: str                 # "sliding" | "global"
