@@ -58,7 +58,7 @@ class Case:
 
 
 def cases() -> list[Case]:
-    if os.environ.get("INKLING_ATTN_CASES") == "long":   # the target only: contexts >= 8k
+    if os.environ.get("INKLING_ATTN_CASES") == "long":   # long contexts only (>= 8k)
         return ([Case("attention", "global", T, B, ctx) for T in (1, 5, 9) for B in (1, 4, 32)
                  for ctx in (8192, 16384, 32768)] + [Case("attention", "sliding", 1, B, 32768) for B in (1, 32)])
     out = [Case("attention", "global", T, B, ctx)

@@ -3,7 +3,7 @@ the obvious torch path `logits = h @ W[:V_out].T; argmax` (a cuBLAS GEMM writing
 torch.argmax), at the real vocabulary (V = 201024 rows, V_out = 200058) and the hidden sizes of
 Inkling-Small (H 4096) and Inkling (H 6144), T = 1..64 token rows (draft and verify windows).
 
-    python benchmarks/kernels.py lm_head          # H200: times, writes docs/benchmarks/kernels.md
+    python benchmarks/kernels.py lm_head          # GPU: times, writes docs/benchmarks/kernels.md
     python benchmarks/bench_lm_head.py --dry      # CPU: tiny sizes through the interpreter, no timing
     INKLING_BENCH_DRY=1 python benchmarks/bench_lm_head.py    # the same
 
@@ -11,7 +11,7 @@ Floor bytes: W[:V_out] read once (V_out * H * 2) + h (T * H * 2) + ids and value
 arithmetic (2 * T * V_out * H, <= 0.16 PFLOP at T = 64) stays far under the time of those bytes.
 Both paths are timed as CUDA-graph replays (harness.bench_graph); W (1.6 / 2.5 GB) is far larger than
 the L2, so every call reads it from memory. The 'torch twin' column is the GEMM + argmax path.
-Targets (issue "Fast path III"): >= 85% of the floor at T = 1, faster than GEMM + argmax at every T.
+Design goals: >= 85% of the floor at T = 1, faster than GEMM + argmax at every T.
 """
 
 from __future__ import annotations

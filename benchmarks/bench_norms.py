@@ -2,12 +2,12 @@
 (alone, chained with layer 0's attn_norm, the MTP double norm), RMSNorm, residual add + RMSNorm, and the
 MTP input fusion, each against its torch twin.
 
-    python benchmarks/kernels.py norms          # H200: times, writes docs/benchmarks/kernels.md
+    python benchmarks/kernels.py norms          # GPU: times, writes docs/benchmarks/kernels.md
     python benchmarks/bench_norms.py --dry      # CPU: small sizes through the interpreter, no timing
 
 Byte floors (bf16 = 2 bytes, int32 ids = 4 bytes), written next to each case below.
-Every case is timed through CUDA-graph replays (device time: the wrapper's host work, ~20-40 µs per
-call, would otherwise hide kernels of under ~50 µs and make the timings noisy).
+Every case is timed through CUDA-graph replays (device time: the wrapper's host work would otherwise
+hide kernels of a few microseconds and make the timings noisy).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Benchmark of SwiGLU on interleaved w13 output (bf16), with and without the fused global_scale, at the
 dense MLP widths of Inkling-Small (F 16384) and Inkling (F 24576), against its torch twin.
 
-    python benchmarks/kernels.py swiglu          # H200: times, writes docs/benchmarks/kernels.md
+    python benchmarks/kernels.py swiglu          # GPU: times, writes docs/benchmarks/kernels.md
     python benchmarks/bench_swiglu.py --dry      # CPU: small sizes through the interpreter, no timing
 
 Byte floor: gu read N*2F*E + y written N*F*E (+ the scale, 2 bytes), E = 2 (bf16).

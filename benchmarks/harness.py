@@ -1,8 +1,8 @@
 """Benchmark harness for the fast-path kernels (a script library, never a test).
 
-Method (tool library `device/METHOD.md`): warm-up, CUDA-event timing through
+Method: warm-up, CUDA-event timing through
 `triton.testing.do_bench`, median of many runs, input sets rotated so that together they exceed the
-L2 cache (60 MB on the H200), and every kernel compared in the same run against
+L2 cache (ROTATE_BYTES), and every kernel compared in the same run against
   * its plain vectorized-torch twin (the baseline), and
   * the floor: the bytes it must move over the device-to-device copy bandwidth measured here.
 
