@@ -10,7 +10,7 @@ up to each row's last one (position j at row j % cap). For the query row at posi
     visible     = j <= p  and  (sliding: j > p - window)  and  p >= 0
     out[p, h]   = softmax_j(logit) @ v
 
-Kernel design (decided here, see the issue "Fast path II"):
+Kernel design:
 
 * **One program per (batch row, KV head, KV split)**; it holds all G query heads and all T window
   rows as the M = T*G rows of one tile (row m = (t, i), head h = g*G + i), so each K/V tile is
@@ -38,9 +38,9 @@ Kernel design (decided here, see the issue "Fast path II"):
 * dots: bf16/fp16 operands with fp32 accumulation; fp32 operands with input_precision="ieee"
   (exact fp32, the fast-path convention). The probabilities are rounded to the value dtype before
   the P @ V dot (bf16: the usual flash-attention rounding).
-* Interpreter (CI) only, constexpr INTERPRET: the Triton 3.9 interpreter computes bf16 tl.dot
-  wrongly and truncates fp32 -> bf16, so there the dot operands are upcast to fp32 and the output
-  is rounded to nearest even by hand (`_round_to`). The compiled GPU kernel takes neither branch.
+* Interpreter (CI) only, constexpr INTERPRET: the dot operands are upcast to fp32 and the output is
+  rounded to nearest even by hand (`round_to`), the CPU interpreter's bf16 dot and conversion being
+  wrong (inkling_fast/kernels/common.py). The compiled GPU kernel takes neither branch.
 
 The wrapper validates shapes/dtypes/devices and, for sliding layers, cap >= window + T - 1 (the
 ring must hold the oldest key of the first row and the newest of the last). Positions are not
@@ -225,11 +225,11 @@ def sm_count(device: torch.device) -> int:
 
 def choose_num_splits(programs: int, max_keys: int, sms: int) -> int:
     """Splits per (batch row, KV head, query tile): as many as keep every program in ONE wave of
-    2 programs per SM (the decode tile's 80 KB of shared memory), with at least MIN_SPLIT_KEYS keys
+    2 programs per SM (the decode tile's shared memory allows two), with at least MIN_SPLIT_KEYS keys
     per split. `programs` = B * nKV * query tiles, `max_keys` = the most keys one program can have
-    (cap for global layers, window + T - 1 for sliding ones). Rounding the split count down, not up,
-    matters: 9 splits of 32 programs (288 > 264 slots on the H200) leave a second wave of 24 programs
-    that takes as long as the first (batch 4, 32k: 209 µs at 9 splits, 136 µs at 8)."""
+    (cap for global layers, window + T - 1 for sliding ones). The count is rounded down, not up: a
+    few programs past one wave make a second wave that takes as long as the first. Host-known sizes
+    only, so a CUDA graph sees one split count per shape."""
     return max(1, min(2 * sms // programs, triton.cdiv(max_keys, MIN_SPLIT_KEYS), MAX_SPLITS))
 
 
@@ -262,13 +262,12 @@ def validate_attention_args(q, rel, k_cache, v_cache, slot, pos, window):
 
 
 def launch_config(BLOCK_M: int, BLOCK_D: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages). bf16 at hd = 128, measured on the H200 at contexts of 8k and
-    32k, batch 1, 4 and 32 (docs/benchmarks/tuning.md): decode and k = 4 windows (M = 16, 32 rows)
-    are fastest with 64-key tiles, 4 warps, 3 stages (M = 16: 154 registers, 80 KB shared, 2 programs
-    per SM; against 8 warps at M = 32, 1.3-1.6x faster); k = 8 windows (M = 64) with 32-key tiles,
-    4 warps, 3 stages (against 64/4/2 1.1x, 64/8/2 1.2-2.1x). M = 128 (query tiles of prefill):
-    32/8/2 (232 registers, 82 KB, wgmma; from ptxas -v, not timed). fp32 (IEEE dots run on FMA
-    units, the test path): 16-key tiles, no pipelining, so that the tiles fit shared memory."""
+    """(BLOCK_N, num_warps, num_stages) for a tile of BLOCK_M query rows (T * G, padded) by hd.
+    bf16: decode and windows up to 32 rows take 64-key tiles, 4 warps, 3 stages (two programs fit an
+    SM); 64-row windows 32-key tiles (the score tile grows with M); the 128-row query tiles of prefill
+    32 keys, 8 warps, 2 stages. Tiny head dims (CI): short tiles, so that short contexts span several.
+    fp32 (IEEE dots run on FMA units, the test path): 16-key tiles, no pipelining, so that the tiles
+    fit shared memory."""
     if dtype == torch.float32:
         return 16, 4 if BLOCK_M <= 16 else 8, 1
     if BLOCK_D <= 32:       # tiny head dims (CI): short tiles so that short contexts span several
