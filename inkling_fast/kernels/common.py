@@ -10,6 +10,8 @@ the argument checks of the wrappers.
     check_tensor(name, t, ...)         one clear ValueError naming the argument and what would be valid
     out_tensor(name, t, shape, ...)    a given output buffer checked, or a new one
     check_kernel_device(name, t)       CUDA tensors, or CPU tensors under the interpreter
+    refuse_sync_in_capture(flag)       a host-side check (a device sync) asked for inside a CUDA graph capture
+    check_ids_in_range(ids, V)         host-side: every token id in [0, V)
 
 Interpreter workarounds (taken only when `interpreting()`; the compiled GPU kernels never see them):
 the CPU interpreter converts float32 -> bfloat16 by truncation where the GPU rounds to nearest even,
@@ -116,3 +118,18 @@ def check_kernel_device(name: str, t: torch.Tensor) -> None:
     if t.device.type != "cuda" and not interpreting():
         raise ValueError(f"{name} is on {t.device}: the Triton kernels need CUDA tensors "
                          "(CPU tensors only under TRITON_INTERPRET=1)")
+
+
+def refuse_sync_in_capture(flag: str) -> None:
+    """RuntimeError when the current stream is capturing a CUDA graph: the host-side check asked for
+    by `flag`=True would synchronize with the device, which a capture cannot contain."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{flag}=True syncs with the device; pass {flag}=False inside a CUDA graph")
+
+
+def check_ids_in_range(ids: torch.Tensor, V: int) -> None:
+    """Host-side check (one device sync) that every id lies in [0, V): ValueError with a few bad ones."""
+    refuse_sync_in_capture("check_ids")
+    bad = (ids < 0) | (ids >= V)
+    if bool(bad.any()):
+        raise ValueError(f"ids out of range [0, {V}): e.g. {ids[bad][:4].tolist()}")

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, INDEX_DTYPES, both, check_kernel_device, check_tensor, need, out_tensor
+from .common import (FLOAT_DTYPES, INDEX_DTYPES, both, check_ids_in_range, check_kernel_device, check_tensor, need,
+                     out_tensor)
 
 
 @triton.jit
@@ -80,11 +81,7 @@ def embed_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps
     if weight2 is None and not store_first:
         raise ValueError("store_first=False needs weight2 (otherwise nothing would be written)")
     if check_ids and ids.numel() > 0:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("check_ids=True syncs with the device; pass check_ids=False inside a CUDA graph")
-        bad = (ids < 0) | (ids >= V)
-        if bool(bad.any()):
-            raise ValueError(f"ids out of range [0, {V}): e.g. {ids[bad][:4].tolist()}")
+        check_ids_in_range(ids, V)
     shape = tuple(ids.shape) + (H,)
     second = weight2 is not None
     if store_first:

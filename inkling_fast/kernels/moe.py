@@ -98,6 +98,20 @@ def _moe_align_kernel(chosen_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, s
         tl.store(sorted_ptr + row, p, mask=p < P)
 
 
+@triton.jit
+def _slot_expert(slot, slot_expert_ptr, slot_start_ptr, slot_count_ptr, w_ptr, shared_w_ptr, R, expert_numel):
+    """Slot `slot`'s expert: its first row in the expert-sorted order, its row count, and the base of
+    its weights (routed experts, ids < R, in w_ptr; shared ones, ids R.., in shared_w_ptr)."""
+    e = tl.load(slot_expert_ptr + slot)
+    start = tl.load(slot_start_ptr + slot)
+    cnt = tl.load(slot_count_ptr + slot)
+    if e < R:
+        w_base = w_ptr + e.to(tl.int64) * expert_numel
+    else:
+        w_base = shared_w_ptr + (e - R).to(tl.int64) * expert_numel
+    return start, cnt, w_base
+
+
 @triton.heuristics({"EVEN_K": lambda a: a["H"] % a["BLOCK_K"] == 0})
 @triton.jit
 def _moe_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, slot_count_ptr,
@@ -107,13 +121,8 @@ def _moe_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, slot_expert_ptr, slot_s
     slot = tl.program_id(0)
     if slot >= tl.load(num_slots_ptr):
         return
-    e = tl.load(slot_expert_ptr + slot)
-    start = tl.load(slot_start_ptr + slot)
-    cnt = tl.load(slot_count_ptr + slot)
-    if e < R:
-        w_base = w13_ptr + e.to(tl.int64) * (2 * F * H)
-    else:
-        w_base = sw13_ptr + (e - R).to(tl.int64) * (2 * F * H)
+    start, cnt, w_base = _slot_expert(slot, slot_expert_ptr, slot_start_ptr, slot_count_ptr, w13_ptr, sw13_ptr, R,
+                                      2 * F * H)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     f_ok = f < F
     kk = tl.arange(0, BLOCK_K)
@@ -153,13 +162,8 @@ def _moe_down_kernel(act_ptr, w2_ptr, sw2_ptr, sorted_ptr, slot_expert_ptr, slot
     slot = tl.program_id(0)
     if slot >= tl.load(num_slots_ptr):
         return
-    e = tl.load(slot_expert_ptr + slot)
-    start = tl.load(slot_start_ptr + slot)
-    cnt = tl.load(slot_count_ptr + slot)
-    if e < R:
-        w_base = w2_ptr + e.to(tl.int64) * (H * F)
-    else:
-        w_base = sw2_ptr + (e - R).to(tl.int64) * (H * F)
+    start, cnt, w_base = _slot_expert(slot, slot_expert_ptr, slot_start_ptr, slot_count_ptr, w2_ptr, sw2_ptr, R,
+                                      H * F)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = h < H
     kk = tl.arange(0, BLOCK_K)

@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, INDEX_DTYPES, check_kernel_device, check_tensor, need, out_tensor
+from .common import (FLOAT_DTYPES, INDEX_DTYPES, check_ids_in_range, check_kernel_device, check_tensor, need,
+                     out_tensor)
 
 DECODE_ROWS = 64   # up to this many rows: one piece per row (see launch_config)
 
@@ -156,11 +157,7 @@ def mtp_input(h_prev: torch.Tensor, ids: torch.Tensor, table: torch.Tensor, hidd
     need(isinstance(eps, (int, float)) and eps > 0, f"eps must be a positive number, got {eps!r}")
     V = table.shape[0]
     if check_ids and ids.numel() > 0:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("check_ids=True syncs with the device; pass check_ids=False inside a CUDA graph")
-        bad = (ids < 0) | (ids >= V)
-        if bool(bad.any()):
-            raise ValueError(f"ids out of range [0, {V}): e.g. {ids[bad][:4].tolist()}")
+        check_ids_in_range(ids, V)
     out = out_tensor("out", out, tuple(h_prev.shape[:-1]) + (2 * H,), dt, dev)
     try:
         h2 = h_prev.view(-1, H)

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .commit_rows import commit_rows
-from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, need
+from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, need, refuse_sync_in_capture
 
 
 @triton.jit
@@ -222,8 +222,7 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
     if B * T == 0 or C == 0:
         return out
     if check:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("check=True syncs with the device; pass check=False inside a CUDA graph")
+        refuse_sync_in_capture("check")
         check_indices(slot, pos, S)
 
     res = residual if residual is not None else x  # unused by the kernel when HAS_RES is off

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -75,3 +79,16 @@ def assert_rounded_equal(a: torch.Tensor, b: torch.Tensor) -> None:
         return
     ulp = b.float().abs() * 2.0**-7  # bf16 keeps 8 significant bits
     assert torch.isfinite(a).all() and ((a.float() - b.float()).abs() <= ulp).all()
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py imported by path (benchmarks/ is not a package)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules[spec.name]
+    return mod

@@ -5,16 +5,14 @@ logits, and the kernels end to end against the reference. Real sizes on the GPU.
 
 import contextlib
 import importlib
-import importlib.util
 import os
-import sys
 import warnings
 
 import pytest
 import torch
 
 from attn_helpers import AddressCheck, Spec, build_case
-from helpers import TOL
+from helpers import TOL, load_benchmark
 from inkling_fast.kernels.attention_decode import (MAX_SPLITS, MIN_SPLIT_KEYS, attention_decode,
                                                    attention_decode_torch, choose_num_splits, sm_count)
 from inkling_fast.kernels.common import interpreting
@@ -211,19 +209,6 @@ def test_address_check_catches_int32_cache_offsets(tmp_path):
     with pytest.raises(InterpreterError, match="load of .* lanes outside every tensor"), \
             AddressCheck([q, rel, k, v, slot, pos], allow_new=True):
         broken(q, rel, k, v, slot, pos, num_splits=1)
-
-
-def load_benchmark(name):
-    """benchmarks/<name>.py imported by path (benchmarks/ is not a package)."""
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod          # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        del sys.modules[spec.name]
-    return mod
 
 
 @INTERPRETER_ONLY

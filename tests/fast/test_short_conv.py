@@ -174,6 +174,18 @@ def _one_call(device, B=3, T=4, R=7, K=4, dtype=torch.float32, seed=0):
     return x, ring, weight, slot, pos, res
 
 
+def check_one_call(x, ring, weight, slot, pos, res, tol: float) -> None:
+    """The kernel (poisoned output) against the twin on the same call from the same ring: valid rows
+    within tol, padding rows 0, the rings bit for bit."""
+    ring_twin = ring.clone()
+    ref = short_conv_torch(x, ring_twin, weight, slot, pos, residual=res)
+    out = short_conv(x, ring, weight, slot, pos, residual=res, out=poison(torch.empty_like(x)))
+    valid = pos >= 0
+    assert rel_l2(out[valid], ref[valid]) <= tol
+    assert (out[~valid] == 0).all()
+    assert bits_equal(ring, ring_twin)
+
+
 def record_launches(monkeypatch) -> list:
     """Record, in order, each launch of the conv kernel (with its WRITE flag) and of the ring write."""
     seen = []
@@ -242,13 +254,7 @@ def test_windows_with_padding_and_early_positions(device, dtype, B, T, K):
     weight = tap_major(randn(Cw, K, gen=g, scale=0.5).to(device))
     res = randn(B, T, Cw, dtype=dtype, device=device, gen=g)
     slot, pos = slot.to(device), pos.to(device)
-    ring_twin = ring.clone()
-    ref = short_conv_torch(x, ring_twin, weight, slot, pos, residual=res)
-    out = short_conv(x, ring, weight, slot, pos, residual=res, out=poison(torch.empty_like(x)))
-    valid = pos >= 0
-    assert rel_l2(out[valid], ref[valid]) <= TOL[dtype]
-    assert (out[~valid] == 0).all()
-    assert bits_equal(ring, ring_twin)
+    check_one_call(x, ring, weight, slot, pos, res, TOL[dtype])
 
 
 @pytest.mark.parametrize("valid", ["none", "lead 3 trail 10", "exactly R", "R - 2", "one", "all"])
@@ -374,13 +380,7 @@ def test_real_sizes(Cg, B, T, dtype, layout):
         pos[2, :(T + 1) // 2] = -1  # and one with leading padding
     pos = pos.cuda()
     res = randn(B, T, Cg, dtype=dtype, device="cuda", gen=g) if Cg == 6144 else None
-    ring_twin = ring.clone()
-    ref = short_conv_torch(x, ring_twin, weight, slot, pos, residual=res)
-    out = short_conv(x, ring, weight, slot, pos, residual=res, out=poison(torch.empty_like(x)))
-    valid = pos >= 0
-    assert rel_l2(out[valid], ref[valid]) <= TOL[dtype]
-    assert (out[~valid] == 0).all()
-    assert bits_equal(ring, ring_twin)
+    check_one_call(x, ring, weight, slot, pos, res, TOL[dtype])
 
 
 @pytest.mark.gpu
