@@ -16,18 +16,13 @@ Design goals: >= 85% of the floor at T = 1, faster than GEMM + argmax at every T
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-import harness  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (first: see its header)
 from inkling_fast.kernels.lm_head_argmax import lm_head_argmax, lm_head_argmax_torch  # noqa: E402
 from inkling_ref.testing import rel_l2  # noqa: E402
 
@@ -103,7 +98,4 @@ def dry_run() -> None:
 
 
 if __name__ == "__main__":
-    if "--dry" in sys.argv[1:] or os.environ.get("INKLING_BENCH_DRY", "0") not in ("", "0"):
-        dry_run()
-    else:
-        raise SystemExit("time with `python benchmarks/kernels.py lm_head`; `--dry` checks the cases on CPU")
+    harness.main("lm_head", dry_run)

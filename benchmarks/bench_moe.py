@@ -20,18 +20,13 @@ directly. Design goal: within 1.5x of the floor (>= 67% of copy bandwidth) at N 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-import harness  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (first: see its header)
 from inkling_fast.kernels.moe import moe, moe_experts_torch, moe_torch  # noqa: E402
 from inkling_fast.kernels.moe_router import moe_route, moe_route_torch  # noqa: E402
 from inkling_ref.testing import rel_l2  # noqa: E402
@@ -130,7 +125,4 @@ def dry_run() -> None:
 
 
 if __name__ == "__main__":
-    if "--dry" in sys.argv[1:] or os.environ.get("INKLING_BENCH_DRY", "0") not in ("", "0"):
-        dry_run()
-    else:
-        raise SystemExit("time with `python benchmarks/kernels.py moe`; `--dry` checks the cases on CPU")
+    harness.main("moe", dry_run)

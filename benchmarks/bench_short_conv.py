@@ -17,18 +17,13 @@ host work would otherwise hide kernels of a few microseconds).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-import harness  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (first: see its header)
 from harness import Case  # noqa: E402
 from inkling_fast.kernels.short_conv import short_conv, short_conv_torch  # noqa: E402
 
@@ -78,8 +73,11 @@ def run(ctx: harness.Context) -> list[harness.Row]:
     return harness.run_cases(cases("cuda"))
 
 
-if __name__ == "__main__":
-    if "--dry" not in sys.argv[1:]:
-        raise SystemExit("time with `python benchmarks/kernels.py short_conv`; `--dry` checks the cases on CPU")
+def dry() -> None:
+    """Every case at small sizes, checked against its twin (no timing)."""
     harness.dry_run(cases("cpu", streams={"tiny": (37, False), "H tiny": (300, True)},
                           shapes=((1, 1, 4), (3, 4, 7), (2, 19, 8))))
+
+
+if __name__ == "__main__":
+    harness.main("short_conv", dry)

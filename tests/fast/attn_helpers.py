@@ -61,6 +61,16 @@ def make_ref(spec: Spec, seed: int) -> Attention:
     return randomize_(attn.to(torch.float64), seed).eval()
 
 
+# The GPU tests' real head counts (Inkling-Small 32/8, Inkling 64/8 global and 64/16 sliding; hd 128;
+# windows 512, extents 512 / 1024, log-tau from position 256).
+REAL = {
+    "small-sliding-32/8": Spec("sliding", 32, 8, 128, 512, H=512),
+    "small-global-32/8": Spec("global", 32, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
+    "inkling-global-64/8": Spec("global", 64, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
+    "inkling-sliding-64/16": Spec("sliding", 64, 16, 128, 512, H=512),
+}
+
+
 @dataclass
 class Case:
     spec: Spec

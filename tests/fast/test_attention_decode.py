@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from attn_helpers import AddressCheck, Spec, build_case
+from attn_helpers import REAL, AddressCheck, Spec, build_case
 from helpers import TOL, load_benchmark
 from inkling_fast.kernels.attention_decode import (MAX_SPLITS, MIN_SPLIT_KEYS, attention_decode,
                                                    attention_decode_torch, choose_num_splits, sm_count)
@@ -302,12 +302,6 @@ def test_bench_graph_warmup_waits_for_the_inputs(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------- GPU
-REAL = {
-    "small-sliding-32/8": Spec("sliding", 32, 8, 128, 512, H=512),
-    "small-global-32/8": Spec("global", 32, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
-    "inkling-global-64/8": Spec("global", 64, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
-    "inkling-sliding-64/16": Spec("sliding", 64, 16, 128, 512, H=512),
-}
 CONTEXTS = [1, 17, 600, 4096, 33000]
 
 

@@ -5,7 +5,7 @@ a flat history, kernels vs twin with poisoned outputs and caches, kernels vs the
 import pytest
 import torch
 
-from attn_helpers import DEVICE, Spec, build_case
+from attn_helpers import REAL, DEVICE, Spec, build_case
 from inkling_fast.kernels.attention_prefill import attention_prefill, attention_prefill_torch
 from inkling_fast.kernels.attention_prep import attention_prep, attention_prep_torch
 from inkling_ref.testing import bits_equal, rel_l2
@@ -96,14 +96,6 @@ def test_rejects_bad_input():
 
 
 # ----------------------------------------------------------------------------------------------- GPU
-REAL = {
-    "small-sliding-32/8": Spec("sliding", 32, 8, 128, 512, H=512),
-    "small-global-32/8": Spec("global", 32, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
-    "inkling-global-64/8": Spec("global", 64, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
-    "inkling-sliding-64/16": Spec("sliding", 64, 16, 128, 512, H=512),
-}
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(REAL))
 def test_real_sizes_gpu(name):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from einops import rearrange
 
-from attn_helpers import Spec, build_case
+from attn_helpers import REAL, Spec, build_case
 from helpers import TOL
 from inkling_fast.kernels.attention_prep import attention_prep, attention_prep_torch
 from inkling_ref.attention import log_tau
@@ -171,14 +171,6 @@ def test_rejects_bad_input():
 
 
 # ----------------------------------------------------------------------------------------------- GPU
-REAL = {
-    "small-sliding-32/8": Spec("sliding", 32, 8, 128, 512, H=512),
-    "small-global-32/8": Spec("global", 32, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
-    "inkling-global-64/8": Spec("global", 64, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
-    "inkling-sliding-64/16": Spec("sliding", 64, 16, 128, 512, H=512),
-}
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 5])
 @pytest.mark.parametrize("name", list(REAL))
