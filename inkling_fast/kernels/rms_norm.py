@@ -88,7 +88,9 @@ def _check_common(x: torch.Tensor, weight: torch.Tensor, eps: float) -> int:
     need(x.dim() >= 1 and x.shape[-1] > 0, f"x must be a tensor [..., H] with H > 0, got shape {tuple(x.shape)}")
     check_kernel_device("x", x)
     H = x.shape[-1]
-    check_tensor("weight", weight, (H,), FLOAT_DTYPES, x.device, contiguous=True)
+    need(isinstance(weight, torch.Tensor) and weight.shape == (H,), f"weight must be a tensor of shape ({H},), got "
+         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    check_tensor("weight", weight, dtypes=FLOAT_DTYPES, device=x.device, contiguous=True)
     need(isinstance(eps, (int, float)) and eps > 0, f"eps must be a positive number, got {eps!r}")
     return H
 
