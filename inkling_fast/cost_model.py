@@ -11,7 +11,7 @@ The model (docs/cost_model.md has the assumptions and limits):
     speedup(B, k) = tokens/s(B, k) / tokens/s(B, 0)
 
 Every cost is a measured median of `docs/benchmarks/engine.json` (written by `benchmarks/engine.py`
-on the H200; its format: the `Costs` docstring). Between measured batch sizes (and T / rows) costs
+on a GPU; its format: the `Costs` docstring). Between measured batch sizes (and T / rows) costs
 are interpolated linearly; outside the measured grid the model raises instead of extrapolating.
 
 Also here: the finite-generation correction used to check the model against the demo engine's
