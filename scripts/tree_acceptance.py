@@ -39,8 +39,9 @@ from inkling_ref import TrunkCache, generate, load_checkpoint  # noqa: E402
 from inkling_ref import tree as TR  # noqa: E402
 from inkling_ref import tree_ranks as RK  # noqa: E402
 
-FULL_SHAPES = [[2, 1], [2, 1, 1, 1], [3, 1, 1, 1], [2, 2, 1, 1], [2, 2, 2], [4, 1, 1, 1],
-               [2, 1, 1, 1, 1, 1, 1, 1], [2, 2, 2, 1], [2, 2, 1, 1, 1, 1, 1, 1], [4, 1, 1, 1, 1, 1, 1, 1]]
+FULL_SHAPES = [[2, 1], [2, 1, 1, 1], [2, 1, 1, 1, 1, 1], [3, 1, 1, 1], [2, 2, 1, 1], [2, 2, 2], [4, 1, 1, 1],
+               [2, 1, 1, 1, 1, 1, 1, 1], [2, 2, 2, 1], [3, 1, 1, 1, 1, 1, 1, 1], [2, 2, 1, 1, 1, 1, 1, 1],
+               [4, 1, 1, 1, 1, 1, 1, 1]]
 GROWN_NODES = [4, 6, 8, 12, 16, 24, 32]
 IN_SAMPLE_NODES = [4, 8, 16, 32]
 VALIDATE = ["chain k=4", "tree [2, 2, 1, 1]", "tree [4, 1, 1, 1, 1, 1, 1, 1]", "grown 16"]
@@ -117,6 +118,28 @@ def describe(spec: TR.TreeSpec) -> dict:
             "draft_heads": [len(spec.expanding(m)) for m in range(spec.depth)]}
 
 
+def demo_acceptance_check(r: dict) -> str:
+    """The chains beside docs/benchmarks/demo_acceptance.json's greedy runs (reference `generate`), when
+    that evaluation used the same prompts and lengths."""
+    path = ROOT / "docs" / "benchmarks" / "demo_acceptance.json"
+    if not path.exists():
+        return "docs/benchmarks/demo_acceptance.json is absent: no cross-check."
+    demo = json.loads(path.read_text())
+    if (demo.get("num_prompts"), demo.get("new_tokens"), demo.get("prompt_len")) != \
+            (r["num_prompts"], r["new_tokens"], r["prompt_len"]):
+        return ("Chains not compared with docs/benchmarks/demo_acceptance.json: it used "
+                f"{demo.get('num_prompts')} prompts x {demo.get('new_tokens')} tokens.")
+    ours = {x["nodes"]: x for x in r["runs"] if x["kind"] == "chain"}
+    pairs = [(int(k), v) for k, v in demo["runs"]["greedy"].items() if int(k) in ours]
+    same = all(abs(ours[k]["acceptance_length"] - v["acceptance_length"]) < 1e-9 and ours[k]["cycles"] == v["cycles"]
+               for k, v in pairs)
+    return (f"Chains beside docs/benchmarks/demo_acceptance.json (the same prompts decoded by `generate`, "
+            f"{demo.get('commit')}): k = " + ", ".join(str(k) for k, _ in pairs) + ": acceptance length "
+            + " / ".join(f"{v['acceptance_length']:.3f}" for _, v in pairs)
+            + (" there, identical here (same cycle counts)." if same else
+               " there, here " + " / ".join(f"{ours[k]['acceptance_length']:.3f}" for k, _ in pairs) + "."))
+
+
 def write_markdown(path: Path, r: dict) -> None:
     runs = r["runs"]
     chains = [x for x in runs if x["kind"] == "chain"]
@@ -128,6 +151,7 @@ def write_markdown(path: Path, r: dict) -> None:
          "", "Method (scripts/tree_acceptance.py): the greedy continuation of each prompt; the teacher-forced "
          "rank of the right token in every depth's logits along it; every shape's cycles replayed from "
          "those ranks (`inkling_ref.tree_ranks.replay`). Checked here: " + r["validation"]["summary"], "",
+         r["demo_acceptance_check"], "",
          "Acceptance length = mean accepted tokens per cycle (a + 1, the trunk's own token included); "
          "verified = tokens through the trunk per cycle (pending token + draft nodes); the last column "
          "is the share of cycles whose accepted path left the top-1 chain.", "",
@@ -139,7 +163,8 @@ def write_markdown(path: Path, r: dict) -> None:
                  f"{x['tokens_per_verified']:.3f} | {x['cycles']} | {per} | {100 * x['off_top1']:.0f} % |")
     L += ["", "## Best shape per verified budget", "",
           "For each number of tokens verified per cycle: the best chain and the best tree (branching or grown, "
-          "not in-sample; growth may return a chain) that verify at most that many. Chains stop at k = {MAX_K} ({MAX_K + 1} verified): the "
+          "not in-sample; growth may return a chain) that verify at most that many. "
+          f"Chains stop at k = {MAX_K} ({MAX_K + 1} verified): the "
           "checkpoint has no more depths; past that only trees can spend more.", "",
           "| verified / cycle <= | best chain | acceptance length | best tree | acceptance length | tree vs chain |",
           "|---:|---|---:|---|---:|---:|"]
@@ -291,6 +316,7 @@ def main(argv=None) -> None:
          "new_tokens": args.new_tokens, "max_k": MAX_K, "search_len": args.search_len,
          "validation": {"prompts": V, "mismatched_prompts": mismatches, "ok": ok, "summary": summary},
          "runs": runs}
+    r["demo_acceptance_check"] = demo_acceptance_check(r)
     r["wall_s"] = time.time() - t0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
