@@ -2,6 +2,7 @@
 
     python scripts/tree_acceptance.py --device cuda --out docs/benchmarks/tree_acceptance.json
     python scripts/tree_acceptance.py --device cpu --prompts 6 --validate-prompts 2 --out /tmp/t.json
+    python scripts/tree_acceptance.py --report --out docs/benchmarks/tree_acceptance.json   # .md + .png only
 
 Writes OUT (JSON), OUT with .md (tables) and .png (accepted tokens per cycle against verified tokens
 per cycle). Method:
@@ -206,6 +207,7 @@ def plot(path: Path, r: dict) -> None:
             xs = [x for x in runs if x["kind"] == kind]
             ax.plot([x["verified_per_cycle"] for x in xs], [x[key] for x in xs], style, label=label, ms=5)
         ax.set(xlabel="verified tokens per cycle (nodes + 1)", ylabel=ylabel, xscale="log")
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xticks([2, 3, 5, 9, 17, 33], labels=["2", "3", "5", "9", "17", "33"])
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -226,7 +228,17 @@ def main(argv=None) -> None:
     ap.add_argument("--validate-prompts", type=int, default=4,
                     help="prompts on which plain greedy and generate_tree are run against the replay")
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    ap.add_argument("--report", action="store_true", help="rewrite OUT's .md and .png from OUT, measure nothing")
     args = ap.parse_args(argv)
+    if args.report:
+        out = Path(args.out)
+        if not out.exists():
+            raise SystemExit(f"--report: {out} does not exist")
+        r = json.loads(out.read_text())
+        write_markdown(out.with_suffix(".md"), r)
+        plot(out.with_suffix(".png"), r)
+        print(f"rewrote {out.with_suffix('.md')} and {out.with_suffix('.png')}")
+        return
     if args.device not in ("cpu", "cuda"):
         raise SystemExit(f"--device {args.device!r}: expected cpu or cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
