@@ -323,8 +323,11 @@ def clone_state(state: S.DecodeState) -> S.DecodeState:
 @torch.no_grad()
 def verify_paths(model: InklingModel, state: S.DecodeState, tree: DraftTree) -> TreeVerifyResult:
     """The oracle of verify_tree: every root-to-leaf path verified as a chain (speculative.verify on
-    a copy of the state). Each node's row comes from the first path through it."""
+    a copy of the state whose trunk cache is cut to the committed rows 0..n-2, so it may be called
+    before or after verify_tree). Each node's row comes from the first path through it."""
     spec = tree.spec
+    state = clone_state(state)
+    state.trunk_cache.truncate(state.n - 1)
     logits = [None] * (spec.num_nodes + 1)
     hiddens = [None] * (spec.num_nodes + 1)
     leaves = spec.leaves() or [0]
