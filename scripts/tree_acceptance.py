@@ -178,7 +178,8 @@ def write_markdown(path: Path, r: dict) -> None:
         tree = max(trees, key=lambda x: x["acceptance_length"])
         shape = tree["name"] + (" (a chain)" if tree["branching"] == [1] * tree["depth"] else "")
         L.append(f"| {budget} | {chain['name']} | {chain['acceptance_length']:.3f} | {shape} | "
-                 f"{tree['acceptance_length']:.3f} | {100 * (tree['acceptance_length'] / chain['acceptance_length'] - 1):+.1f} % |")
+                 f"{tree['acceptance_length']:.3f} | "
+                 f"{100 * (tree['acceptance_length'] / chain['acceptance_length'] - 1):+.1f} % |")
     L += ["", "![accepted against verified tokens per cycle](" + path.with_suffix(".png").name + ")", "",
           "Grown trees (`inkling_ref.tree_ranks.grow_trees`, up to depth "
           f"{MAX_K}): node by node, the next-ranked child that most raises the replayed acceptance length of "
@@ -211,7 +212,8 @@ def plot(path: Path, r: dict) -> None:
         ax.set_xticks([2, 3, 5, 9, 17, 33], labels=["2", "3", "5", "9", "17", "33"])
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"demo checkpoint, {r['num_prompts']} held-out prompts x {r['new_tokens']} tokens, greedy", fontsize=10)
+    fig.suptitle(f"demo checkpoint, {r['num_prompts']} held-out prompts x {r['new_tokens']} tokens, greedy",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -255,7 +257,8 @@ def main(argv=None) -> None:
         raise SystemExit("data/heldout_prompts.json: the prompts must have one length (batched decoding)")
     if args.new_tokens < 2:
         raise SystemExit(f"--new-tokens {args.new_tokens}: at least 2 are needed for one draft cycle")
-    torch.set_num_threads(1) if args.device == "cpu" else None
+    if args.device == "cpu":
+        torch.set_num_threads(1)   # tiny tensors: one thread is fastest, and immune to a busy machine
     t0 = time.time()
     prompts = prompts[: args.prompts]
     model = load_checkpoint(args.checkpoint, dtype=getattr(torch, args.dtype), device=args.device)
@@ -319,7 +322,8 @@ def main(argv=None) -> None:
                "equal the greedy continuation, and the replay equals real decoding cycle for cycle "
                "(accepted count and path) for: " + "; ".join(mismatches) if ok and V else
                "not checked against real decoding (--validate-prompts 0)" if ok else
-               "REPLAY MISMATCHES (prompts whose cycles differ): " + "; ".join(f"{k}: {v}" for k, v in mismatches.items()))
+               "REPLAY MISMATCHES (prompts whose cycles differ): "
+               + "; ".join(f"{k}: {v}" for k, v in mismatches.items()))
 
     r = {"command": "python scripts/tree_acceptance.py " + " ".join(argv if argv is not None else sys.argv[1:]),
          "device": torch.cuda.get_device_name() if args.device == "cuda" else "CPU (1 thread)",
@@ -334,7 +338,10 @@ def main(argv=None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(r, indent=1) + "\n")
     write_markdown(out.with_suffix(".md"), r)
-    plot(out.with_suffix(".png"), r)
+    try:
+        plot(out.with_suffix(".png"), r)
+    except ImportError as e:
+        log(f"no plot ({e}): `--report --out {out}` draws it where matplotlib is installed")
     log(f"wrote {out} (+ .md, .png)")
     if not ok:
         raise SystemExit("the replay disagrees with real decoding: " + summary)

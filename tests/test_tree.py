@@ -232,7 +232,8 @@ def test_commit_leaves_the_chain_state_of_the_accepted_path(model, spec, prompt_
         for m in range(spec.depth):
             kept = state.depth_valid[m]
             if spec.branching() is not None:
-                assert kept == chain.depth_valid[m], f"{what}: depth {m} keeps {kept} rows, the chain {chain.depth_valid[m]}"
+                assert kept == chain.depth_valid[m], \
+                    f"{what}: depth {m} keeps {kept} rows, the chain {chain.depth_valid[m]}"
             assert kept <= chain.depth_valid[m], what
             assert state.depth_caches[m].length == kept, f"{what}: depth {m} keeps rows beyond the valid ones"
             assert_cache_rows_equal(state.depth_caches[m], chain.depth_caches[m], kept, f"{what}: depth {m}")
@@ -275,7 +276,7 @@ def test_lossless_with_scripted_candidates(model, spec):
     V = model.config.vocab_out
     rng = random.Random(str(spec.paths))
     off_top1 = 0
-    for L in (1, 4, 11):
+    for L in (1, 11):
         prompt = [rng.randrange(V) for _ in range(L)]
         greedy = plain_greedy(model, prompt, L + 24)
         out, cycles = TR.generate_tree(model, prompt, 24, spec, scripted_candidates(greedy, rng))
