@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -85,12 +86,12 @@ class InklingConfig:
     mtp_apply_log_scaling: bool = False  # [ours] vLLM applies none inside MTP depths
 
     def __post_init__(self):
-        if not self.layer_types and _is_int(self.num_layers):
+        if not self.layer_types and is_int(self.num_layers):
             # default pattern: every sixth layer is global
             self.layer_types = [GLOBAL if (i + 1) % 6 == 0 else SLIDING for i in range(self.num_layers)]
-        if not self.mlp_types and _is_int(self.num_layers):
+        if not self.mlp_types and is_int(self.num_layers):
             self.mlp_types = [MOE] * self.num_layers
-        if not self.mtp_layer_types and _is_int(self.num_mtp_depths) and self.num_mtp_depths > 0:
+        if not self.mtp_layer_types and is_int(self.num_mtp_depths) and self.num_mtp_depths > 0:
             self.mtp_layer_types = [GLOBAL] * self.num_mtp_depths
         self.validate()
 
@@ -234,12 +235,14 @@ class InklingConfig:
 
 
 # ---------------------------------------------------------------------- the key table
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def is_int(v) -> bool:
+    """An integer (Python or NumPy), not a boolean: what every count, size and token id must be."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def _is_real(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def is_real(v) -> bool:
+    """A finite number (Python or NumPy), not a boolean."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True)
@@ -249,13 +252,13 @@ class Check:
     says: str
 
 
-POSITIVE_INT = Check(lambda v: _is_int(v) and v > 0, "must be a positive integer")
-COUNT = Check(lambda v: _is_int(v) and v >= 0, "must be an integer >= 0")
-POSITIVE_INT_OR_NULL = Check(lambda v: v is None or (_is_int(v) and v > 0),
+POSITIVE_INT = Check(lambda v: is_int(v) and v > 0, "must be a positive integer")
+COUNT = Check(lambda v: is_int(v) and v >= 0, "must be an integer >= 0")
+POSITIVE_INT_OR_NULL = Check(lambda v: v is None or (is_int(v) and v > 0),
                              "must be a positive integer (or null to disable)")
-POSITIVE = Check(lambda v: _is_real(v) and v > 0, "must be a positive number")
-NON_NEGATIVE = Check(lambda v: _is_real(v) and v >= 0, "must be a number >= 0")
-TOKEN_ID_OR_NULL = Check(lambda v: v is None or _is_int(v), "must be a token id (an integer) or null")
+POSITIVE = Check(lambda v: is_real(v) and v > 0, "must be a positive number")
+NON_NEGATIVE = Check(lambda v: is_real(v) and v >= 0, "must be a number >= 0")
+TOKEN_ID_OR_NULL = Check(lambda v: v is None or is_int(v), "must be a token id (an integer) or null")
 BOOL = Check(lambda v: isinstance(v, bool), "must be true or false")
 WHEN_NOTE = {DENSE: " (the model has dense MLPs)", MOE: " (the model has MoE layers)"}
 REQUIRED = object()  # default of a field that fixes tensor shapes and has no safe default
@@ -430,7 +433,7 @@ def _id_list(v, name: str, n: int, what: str) -> list[int]:
     """A list of distinct ids in 0..n-1 (the field `name`), or ConfigError."""
     if not isinstance(v, list):
         raise ConfigError(f"config field '{name}': must be a list of {what} ids, got {v!r}")
-    bad = [i for i in v if not _is_int(i) or not 0 <= i < n]
+    bad = [i for i in v if not is_int(i) or not 0 <= i < n]
     if bad:
         raise ConfigError(f"config field '{name}': ids {bad} out of range 0..{n - 1} (there are {n} {what}s)")
     repeated = sorted({i for i in v if v.count(i) > 1})
@@ -459,7 +462,7 @@ def _text_fields(t: dict) -> dict:
         if out[name] is None:
             raise ConfigError(f"{field_label(name)} is missing")
     num_layers = out["num_layers"]
-    if not _is_int(num_layers) or num_layers <= 0:
+    if not is_int(num_layers) or num_layers <= 0:
         raise ConfigError(f"{field_label('num_layers')}: must be a positive integer, got {num_layers!r}")
 
     # sliding layers: released `local_layer_ids` or transformers `layer_types` (both: they must agree)
@@ -486,7 +489,7 @@ def _text_fields(t: dict) -> dict:
 
     # MoE layers: transformers `mlp_layer_types` or released `dense_mlp_idx` (both: they must agree)
     n_dense = t.get("dense_mlp_idx")
-    if n_dense is not None and (not _is_int(n_dense) or not 0 <= n_dense <= num_layers):
+    if n_dense is not None and (not is_int(n_dense) or not 0 <= n_dense <= num_layers):
         raise ConfigError(f"config field 'dense_mlp_idx': {n_dense!r} must be an integer in 0..{num_layers}")
     if t.get("mlp_layer_types") is not None:
         kinds = {"dense": DENSE, "sparse": MOE, "moe": MOE}
@@ -540,7 +543,7 @@ def _text_fields(t: dict) -> dict:
         if value is None and KEY[name].default is not REQUIRED:
             out[name] = KEY[name].default
     for name in ("route_scale", "mup", "rms_norm_eps", "log_scaling_alpha"):
-        if _is_int(out[name]):
+        if is_int(out[name]):
             out[name] = float(out[name])
     return dict(out, layer_types=layer_types, mlp_types=mlp_types,
                 dense_intermediate_size=dense_f if dense_f is not None else 0,
@@ -560,7 +563,7 @@ def _mtp_fields(text: dict, mtp: dict) -> dict:
         return a if a is not None else b if b is not None else key.default
 
     n = one("num_mtp_depths")
-    if not _is_int(n) or n < 0:
+    if not is_int(n) or n < 0:
         raise ConfigError(f"{field_label('num_mtp_depths')}: must be an integer >= 0, got {n!r}")
     ids = set(_id_list(one("mtp_layer_types") or [], "mtp_config.local_layer_ids", n, "MTP depth"))
     return dict(num_mtp_depths=n, mtp_layer_types=[SLIDING if i in ids else GLOBAL for i in range(n)],

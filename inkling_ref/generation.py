@@ -16,7 +16,6 @@ acceptance_length = mean(a + 1), per_position[j] = #(a >= j) / #cycles, conditio
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from . import speculative as S
-from .config import InklingConfig
+from .config import InklingConfig, is_int
 from .model import InklingModel
 from .sampling import SamplingParams, probs, rejection_sample, sample
 
@@ -106,10 +105,6 @@ class Uniforms:
         return torch.rand(n, generator=self.g, dtype=torch.float64).tolist()
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
 def _describe(x) -> str:
     return f"{x!r} ({type(x).__name__})"
 
@@ -149,7 +144,7 @@ def normalize_prompts(prompt_ids) -> list[list[int]]:
             raise ValueError(f"prompt_ids mixes token ids and lists: {where} is {_describe(p)}; pass a list of "
                              "token ids or a list of such lists")
         for j, t in enumerate(p):
-            if not _is_int(t):
+            if not is_int(t):
                 nested = " (prompt_ids is nested one level too deep)" if isinstance(t, (list, tuple)) else ""
                 raise ValueError(f"{where}, position {j}: {_describe(t)} is not a token id: token ids are "
                                  f"integers{nested}")
@@ -191,11 +186,11 @@ def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int, k: i
     def named(name):
         return flags.get(name, name)
 
-    if not _is_int(max_new_tokens):
+    if not is_int(max_new_tokens):
         raise ValueError(f"{named('max_new_tokens')} must be an integer, got {_describe(max_new_tokens)}")
     if max_new_tokens < 1:
         raise ValueError(f"{named('max_new_tokens')} must be >= 1, got {max_new_tokens}")
-    if not _is_int(k):
+    if not is_int(k):
         raise ValueError(f"{named('num_speculative_tokens')} must be an integer, got {_describe(k)}")
     if k < 0:
         raise ValueError(f"{named('num_speculative_tokens')} must be >= 0 (0 = plain decoding), got {k}")
@@ -204,9 +199,9 @@ def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int, k: i
                                                        depths=limits.depths))
     if draft_sampling not in ("greedy", "sample"):
         raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {draft_sampling!r}")
-    if seed is not None and not _is_int(seed):
+    if seed is not None and not is_int(seed):
         raise ValueError(f"{named('seed')} must be an integer or None, got {_describe(seed)}")
-    if eos_token_id is not None and (not _is_int(eos_token_id) or not 0 <= eos_token_id < limits.vocab):
+    if eos_token_id is not None and (not is_int(eos_token_id) or not 0 <= eos_token_id < limits.vocab):
         raise ValueError(f"eos_token_id must be a token id in 0..{limits.vocab - 1} or None, got "
                          f"{_describe(eos_token_id)}")
     for i, p in enumerate(prompts):
@@ -268,7 +263,9 @@ def generate(model: InklingModel, prompt_ids, max_new_tokens: int, num_speculati
              draft_sampling: str = "greedy", seed: int | None = None,
              eos_token_id: int | None = None) -> GenerationResult:
     """Decode `max_new_tokens` new tokens for each prompt with k = num_speculative_tokens drafts
-    per cycle (k = 0: plain decoding). `prompt_ids`: a list of ints or a list of lists."""
+    per cycle (k = 0: plain decoding). `prompt_ids`: one prompt (a list of ints, a [T] integer tensor
+    or array) or a batch (a list of them, a [B, T] tensor or array). Bad arguments raise ValueError
+    naming the argument and what is valid (see `validate`)."""
     if not isinstance(model, InklingModel):
         raise ValueError(f"model must be an InklingModel (e.g. load_checkpoint(path)), got {type(model).__name__}")
     prompts = normalize_prompts(prompt_ids)

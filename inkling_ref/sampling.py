@@ -14,19 +14,11 @@ Greedy drafting is the special case of a one-hot q.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 
-
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+from .config import is_int, is_real
 
 
 @dataclass(frozen=True)
@@ -39,11 +31,11 @@ class SamplingParams:
         """Refuse what no distribution comes from: a temperature that is negative, infinite or NaN (a NaN
         would pass every comparison and sample garbage), a top_k that is not a positive integer, a top_p
         outside (0, 1]. Python and NumPy numbers are accepted; booleans and strings are not."""
-        if not _is_real(self.temperature) or not self.temperature >= 0:
+        if not is_real(self.temperature) or not self.temperature >= 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
-        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
+        if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1 (or None), got {self.top_k!r}")
-        if self.top_p is not None and (not _is_real(self.top_p) or not 0 < self.top_p <= 1):
+        if self.top_p is not None and (not is_real(self.top_p) or not 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be a number in (0, 1] (or None), got {self.top_p!r}")
 
     @property

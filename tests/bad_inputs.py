@@ -404,7 +404,8 @@ CASES = [
          "ConfigError", "<tmp>/broken/config.json: unknown config field 'text_config.num_attention_head'"),
     Case("checkpoint", "only a pickled pytorch_model.bin",
          checkpoint(both(drop("model.safetensors", "mtp.safetensors"), write("pytorch_model.bin", "pickle"))),
-         "CheckpointError", "found ['pytorch_model.bin'], which would need unpickling: only safetensors files are read"),
+         "CheckpointError",
+         "found ['pytorch_model.bin'], which would need unpickling: only safetensors files are read"),
     Case("checkpoint", "a missing tensor",
          checkpoint(lambda d: save_file({n: t for n, t in load_file(d / "model.safetensors").items()
                                          if n != "model.llm.norm.weight"}, d / "model.safetensors")),

@@ -78,7 +78,8 @@ def test_the_engine_validates_with_the_shared_check():
     ref = Limits.of_model(MODEL)
     for args, kwargs in [(([[1, 91]], 4, 2, "greedy"), {}), (([[]], 4, 2, "greedy"), {}),
                          (([[1, 2]], 0, 2, "greedy"), {}), (([[1, 2]], 4, 2, "beam"), {}),
-                         (([[1, 2]], 4, 2, "greedy"), dict(seed=1.5)), (([[1, 2]], 4, 2, "greedy"), dict(eos_token_id=91))]:
+                         (([[1, 2]], 4, 2, "greedy"), dict(seed=1.5)),
+                         (([[1, 2]], 4, 2, "greedy"), dict(eos_token_id=91))]:
         with pytest.raises(ValueError) as want:
             validate(ref, *args, **kwargs)
         with pytest.raises(ValueError) as got:
