@@ -258,8 +258,8 @@ def add_generate(subparsers) -> None:
     p = subparsers.add_parser(
         "generate", help="generate a continuation with MTP speculative decoding",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=GLOSSARY,
-        description="Generate with k drafts per cycle from the MTP head, on the fast engine (CUDA) or the "
-                    "reference model (CPU), and print the continuation (stdout) and its acceptance statistics "
+        description="Generate with k drafts per cycle from the MTP head, on the fast engine (CUDA) or the\n"
+                    "reference model (CPU), and print the continuation (stdout) and its acceptance statistics\n"
                     "(stderr).")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
                    help=f"released-layout checkpoint (default: the bundled one, {DEFAULT_CHECKPOINT.name}/)")
