@@ -42,8 +42,8 @@ from pathlib import Path
 import torch
 
 from inkling_ref import InklingModel, load_checkpoint
-from inkling_ref.generation import (AcceptanceStats, CycleRecord, GenerationResult, Uniforms, normalize_prompts,
-                                    sequence_seed)
+from inkling_ref.generation import (AcceptanceStats, CycleRecord, GenerationResult, Limits, Uniforms,
+                                    normalize_prompts, sequence_seed, validate)
 from inkling_ref.sampling import SamplingParams
 
 from . import forward, weights
@@ -352,30 +352,17 @@ class Engine:
             out = self.cycle(batch, k, mode)
         return out[: len(slots)].tolist()
 
-    def validate(self, prompts: list[list[int]], max_new_tokens: int, k: int, draft_sampling: str) -> None:
+    def validate(self, prompts: list[list[int]], max_new_tokens: int, k: int, draft_sampling: str,
+                 seed: int | None = None, eos_token_id: int | None = None) -> None:
+        """inkling_ref's checks of a request, under this engine's limits: its loaded depths and the
+        max_seq_len its caches are allocated for, besides the model's maximum length."""
         cfg = self.config
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not isinstance(k, int) or not 0 <= k <= self.k:
-            raise ValueError(f"num_speculative_tokens={k} is beyond this engine's {self.k} loaded MTP depths "
-                             f"(built with num_speculative_tokens={self.k})")
-        if draft_sampling not in ("greedy", "sample"):
-            raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {draft_sampling!r}")
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty: at least one token is needed")
-            bad = [t for t in p if not isinstance(t, int) or not 0 <= t < cfg.vocab_out]
-            if bad:
-                raise ValueError(f"prompt {i} has token ids out of range 0..{cfg.vocab_out - 1}: {bad[:10]}")
-            total = len(p) + max_new_tokens
-            if total > cfg.max_position_embeddings:
-                raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} the "
-                                 f"sequence would reach {total} tokens, beyond the model's maximum length "
-                                 f"{cfg.max_position_embeddings}")
-            if total > self.max_seq_len:
-                raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} the "
-                                 f"sequence would reach {total} tokens, beyond the engine's max_seq_len="
-                                 f"{self.max_seq_len} (its caches are allocated for that)")
+        limits = Limits(cfg.vocab_out, ((cfg.max_position_embeddings, "the model's maximum length {n}"),
+                                        (self.max_seq_len, "the engine's max_seq_len={n} (its caches are "
+                                                           "allocated for that)")),
+                        self.k, "{k_arg} is beyond this engine's {depths} loaded MTP depths (built with "
+                                "num_speculative_tokens={depths})")
+        validate(limits, prompts, max_new_tokens, k, draft_sampling, seed, eos_token_id)
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int, num_speculative_tokens: int | None = None,
@@ -449,15 +436,10 @@ class Engine:
     def _record(seq: _Sequence, row: list[int], k: int, eos_token_id: int | None) -> None:
         """The CycleRecord of one sequence's cycle, as inkling_ref.generate writes it."""
         k_eff = min(k, seq.stop - seq.n - 1)
-        a, b, drafts = row[0], row[1], row[2: 2 + k_eff]
-        emitted = drafts[:a] + [b]
-        hit_eos = eos_token_id is not None and eos_token_id in emitted
-        if hit_eos:
-            emitted = emitted[: emitted.index(eos_token_id) + 1]
-        seq.out += emitted
-        seq.n += a + 1
-        seq.cycles.append(CycleRecord(k=k_eff, drafts=drafts, accepted=a, emitted=emitted,
-                                      counted=(k_eff == k and not hit_eos)))
+        record = CycleRecord.of_cycle(k, row[2: 2 + k_eff], row[0], row[1], eos_token_id)
+        seq.out += record.emitted
+        seq.n += record.accepted + 1
+        seq.cycles.append(record)
 
 
 def _default_batch_sizes(max_batch_size: int) -> list[int]:

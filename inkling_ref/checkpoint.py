@@ -13,7 +13,8 @@ Which tensors exist decides what is loaded: the MTP head is detected by the pres
 `model.mtp.*` tensors (in any file), never by the index. Vision and audio tensors
 (`model.visual.*`, `model.audio.*`) are ignored. Safetensors only: nothing is ever unpickled.
 
-Every check reads only the safetensors headers, and reports every offending tensor at once.
+Every check of names, shapes and dtypes reads only the safetensors headers and reports every
+offending tensor at once; the values are checked as they load (every weight must be finite).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 MTP_FILE = "mtp.safetensors"
+TOKENIZER = "tokenizer.json"
 LOADABLE_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                    torch.float16: "float16"}
 FLOAT_FILE_DTYPES = {"F32", "F64", "BF16", "F16"}  # safetensors dtype codes the reference can run
@@ -165,6 +167,24 @@ def check_quantized(where, infos: dict[str, TensorInfo]) -> None:
             "(bf16) checkpoint.\n" + _listing("quantized or scale tensors", bad))
 
 
+def complete_mtp_depths(config: InklingConfig, infos: dict[str, TensorInfo]) -> int:
+    """How many MTP depths the files hold: the first depths, up to the config's count, with every tensor."""
+    full = expected_shapes(config, config.num_mtp_depths)
+    complete = 0
+    while complete < config.num_mtp_depths and all(n in infos for n in full if names.mtp_depth_of(n) == complete):
+        complete += 1
+    return complete
+
+
+def inspect_checkpoint(path) -> tuple[InklingConfig, int]:
+    """(config, complete MTP depths) of a checkpoint directory, from its config.json and safetensors
+    headers only: what a caller can check a request against before loading any weight."""
+    directory = _directory(path)
+    config, _ = read_config(directory)
+    files, weight_map = tensor_files(directory)
+    return config, complete_mtp_depths(config, read_headers(directory, files, weight_map))
+
+
 def plan_load(where, config: InklingConfig, raw: dict, infos: dict[str, TensorInfo],
               num_mtp_depths: int | None) -> tuple[int, list[str]]:
     """Decide how many MTP depths to load and check every tensor it needs against the config.
@@ -175,11 +195,7 @@ def plan_load(where, config: InklingConfig, raw: dict, infos: dict[str, TensorIn
     text = {n: i for n, i in infos.items() if not names.is_other_tower(n)}
     declared = config.num_mtp_depths
     full = expected_shapes(config, declared)
-
-    # MTP depths present in the files: the first `complete` depths have every tensor
-    complete = 0
-    while complete < declared and all(n in text for n in full if names.mtp_depth_of(n) == complete):
-        complete += 1
+    complete = complete_mtp_depths(config, infos)
     has_mtp = any(names.is_mtp(n) for n in text)
     if num_mtp_depths is None:
         k = declared if has_mtp else 0  # no MTP tensors at all: a trunk without a head
@@ -225,6 +241,23 @@ def plan_load(where, config: InklingConfig, raw: dict, infos: dict[str, TensorIn
     return k, sorted(expected)
 
 
+# ---------------------------------------------------------------------- tokenizer
+def load_tokenizer(path):
+    """The checkpoint's `tokenizer.json` as a `tokenizers.Tokenizer`, or None when it has none.
+    A file that the tokenizers library cannot read is a CheckpointError naming the file."""
+    file = _directory(path) / TOKENIZER
+    if not file.exists():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as e:  # the library raises a bare Exception for unreadable files
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{file} is not a readable tokenizer file ({reason}); a tokenizer.json is "
+                              "written by the tokenizers library (Tokenizer.save)") from None
+
+
 # ---------------------------------------------------------------------- load
 def _loadable_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, str):
@@ -256,7 +289,7 @@ def load_checkpoint(path, dtype=torch.float32, device="cpu", num_mtp_depths: int
 
     with torch.device("meta"):  # parameters are assigned below; no random init is allocated
         model = InklingModel(config, num_mtp_depths=k)
-    state = {}
+    state, non_finite, overflow = {}, [], []
     for f in files:
         here = [n for n in wanted if infos[n].file == f]
         if not here:
@@ -271,6 +304,19 @@ def load_checkpoint(path, dtype=torch.float32, device="cpu", num_mtp_depths: int
                 # copy=True: a fresh, allocator-aligned buffer, so the loaded model computes bit for bit
                 # like the saved one (CPU kernels may round differently on misaligned memory)
                 state[ours] = t.to(device=device, dtype=target, copy=True)
+                # a trained weight is finite: NaN or infinity means corrupted bytes or a diverged run
+                bad = t.numel() - int(torch.isfinite(t).sum())
+                if bad:
+                    non_finite.append(f"{released} in {f}: {bad} of {t.numel()} values")
+                elif not bool(torch.isfinite(state[ours]).all()):
+                    overflow.append(f"{released} in {f} ({t.dtype} -> {target})")
+    if non_finite:
+        raise CheckpointError(f"checkpoint {directory} holds weights that are NaN or infinite (corrupted "
+                              "files, or saved from a diverged run):\n"
+                              + _listing("tensors with non-finite values", non_finite).rstrip("\n"))
+    if overflow:
+        raise CheckpointError(f"checkpoint {directory}: weights overflow dtype={LOADABLE_DTYPES[dtype]} (load in "
+                              "a wider dtype, e.g. float32):\n" + _listing("tensors", overflow).rstrip("\n"))
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
 

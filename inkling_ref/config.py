@@ -9,16 +9,27 @@ Two spellings exist in the wild (see `docs/spec/inkling-architecture.md`, "Confi
   `max_position_embeddings`, `intermediate_size` meaning the *dense MLP* width,
   `moe_intermediate_size`, `num_mtp_layers`, `mtp_local_layer_ids`.
 
-`InklingConfig.from_dict` accepts both (and the multimodal transformers config, whose
+One table, `KEYS`, lists every field with its released and transformers spellings, the check its
+value must pass and its default; it drives reading (`from_dict`), writing (`to_released_dict`,
+`to_transformers_dict`) and the type checks of `validate`. The per-layer lists and the ambiguous
+`intermediate_size` are spelled differently in structure, so their reading and writing are written
+out below, still under the table's names.
+
+`InklingConfig.from_dict` accepts both spellings (and the multimodal transformers config, whose
 `text_config` is in the transformers spelling). Every error names the field, as the file spells it.
+A key that is not an Inkling field but looks like a misspelling of one the file leaves out
+(`sconv_kernal_size`) is an error, so that a typo never silently falls back to a default.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 
 class ConfigError(ValueError):
@@ -75,12 +86,12 @@ class InklingConfig:
     mtp_apply_log_scaling: bool = False  # [ours] vLLM applies none inside MTP depths
 
     def __post_init__(self):
-        if not self.layer_types and _is_int(self.num_layers):
+        if not self.layer_types and is_int(self.num_layers):
             # default pattern: every sixth layer is global
             self.layer_types = [GLOBAL if (i + 1) % 6 == 0 else SLIDING for i in range(self.num_layers)]
-        if not self.mlp_types and _is_int(self.num_layers):
+        if not self.mlp_types and is_int(self.num_layers):
             self.mlp_types = [MOE] * self.num_layers
-        if not self.mtp_layer_types and _is_int(self.num_mtp_depths) and self.num_mtp_depths > 0:
+        if not self.mtp_layer_types and is_int(self.num_mtp_depths) and self.num_mtp_depths > 0:
             self.mtp_layer_types = [GLOBAL] * self.num_mtp_depths
         self.validate()
 
@@ -106,76 +117,47 @@ class InklingConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        """Raise ConfigError naming the first field that cannot describe a runnable model."""
+        """Raise ConfigError naming the first field that cannot describe a runnable model.
+
+        Each field's type and range come from its row of `KEYS`; the relations between fields follow."""
         def need(ok: bool, name: str, why: str):
             if not ok:
                 raise ConfigError(f"{field_label(name)}: {why}")
 
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                     "swa_num_heads", "swa_num_kv_heads", "swa_head_dim", "sliding_window", "rel_extent",
-                     "d_rel", "conv_kernel_size", "max_position_embeddings"):
-            v = getattr(self, name)
-            need(_is_int(v) and v > 0, name, f"must be a positive integer, got {v!r}")
-        need(_is_int(self.num_mtp_depths) and self.num_mtp_depths >= 0, "num_mtp_depths",
-             f"must be an integer >= 0, got {self.num_mtp_depths!r}")
+        dense = DENSE in self.mlp_types or self.num_mtp_depths  # MTP depths always have a dense MLP
+        moe = MOE in self.mlp_types
+        for key in KEYS:
+            if key.check is None or (key.when == DENSE and not dense) or (key.when == MOE and not moe):
+                continue
+            v = getattr(self, key.field)
+            need(key.check.ok(v), key.field, f"{key.check.says}{WHEN_NOTE.get(key.when, '')}, got {v!r}")
+
         need(self.num_heads % self.num_kv_heads == 0, "num_heads",
              f"{self.num_heads} query heads is not a multiple of num_key_value_heads={self.num_kv_heads}")
         need(self.swa_num_heads % self.swa_num_kv_heads == 0, "swa_num_heads",
              f"{self.swa_num_heads} query heads is not a multiple of "
              f"swa_num_key_value_heads={self.swa_num_kv_heads}")
         if self.unpadded_vocab_size is not None:
-            need(_is_int(self.unpadded_vocab_size) and 0 < self.unpadded_vocab_size <= self.vocab_size,
-                 "unpadded_vocab_size", f"{self.unpadded_vocab_size!r} must be in 1..vocab_size={self.vocab_size}")
+            need(self.unpadded_vocab_size <= self.vocab_size, "unpadded_vocab_size",
+                 f"{self.unpadded_vocab_size!r} must be in 1..vocab_size={self.vocab_size}")
         for name in ("bos_token_id", "eos_token_id"):
             v = getattr(self, name)
             if v is not None:
-                need(_is_int(v) and 0 <= v < self.vocab_size, name,
-                     f"{v!r} must be a token id in 0..{self.vocab_size - 1}")
+                need(0 <= v < self.vocab_size, name, f"{v!r} must be a token id in 0..{self.vocab_size - 1}")
         need(self.sliding_window <= self.max_position_embeddings, "sliding_window",
              f"window {self.sliding_window} is longer than the context "
              f"(max_position_embeddings={self.max_position_embeddings}): such a layer would not slide")
-
-        need(isinstance(self.layer_types, list) and len(self.layer_types) == self.num_layers, "layer_types",
-             f"has {_len(self.layer_types)} entries for num_hidden_layers={self.num_layers}")
-        need(all(t in (SLIDING, GLOBAL) for t in self.layer_types), "layer_types",
-             f"entries must be '{SLIDING}' or '{GLOBAL}', got {sorted(set(map(str, self.layer_types)))}")
-        need(isinstance(self.mlp_types, list) and len(self.mlp_types) == self.num_layers, "mlp_types",
-             f"has {_len(self.mlp_types)} entries for num_hidden_layers={self.num_layers}")
-        need(all(t in (DENSE, MOE) for t in self.mlp_types), "mlp_types",
-             f"entries must be '{DENSE}' or '{MOE}', got {sorted(set(map(str, self.mlp_types)))}")
-
-        if DENSE in self.mlp_types or self.num_mtp_depths:  # MTP depths always have a dense MLP
-            need(_is_int(self.dense_intermediate_size) and self.dense_intermediate_size > 0,
-                 "dense_intermediate_size",
-                 f"must be a positive integer (the model has dense MLPs), got {self.dense_intermediate_size!r}")
-        if MOE in self.mlp_types:
-            need(_is_int(self.moe_intermediate_size) and self.moe_intermediate_size > 0, "moe_intermediate_size",
-                 f"must be a positive integer (the model has MoE layers), got {self.moe_intermediate_size!r}")
-            need(_is_int(self.n_routed_experts) and self.n_routed_experts > 0, "n_routed_experts",
-                 f"must be a positive integer, got {self.n_routed_experts!r}")
-            need(_is_int(self.n_shared_experts) and self.n_shared_experts >= 0, "n_shared_experts",
-                 f"must be an integer >= 0, got {self.n_shared_experts!r}")
-            need(_is_int(self.num_experts_per_tok) and 0 < self.num_experts_per_tok <= self.n_routed_experts,
-                 "num_experts_per_tok",
+        if moe:
+            need(self.num_experts_per_tok <= self.n_routed_experts, "num_experts_per_tok",
                  f"{self.num_experts_per_tok!r} must be in 1..n_routed_experts={self.n_routed_experts}")
-            need(_is_real(self.route_scale) and self.route_scale > 0, "route_scale",
-                 f"must be a positive number, got {self.route_scale!r}")
 
-        if self.log_scaling_n_floor is not None:
-            need(_is_int(self.log_scaling_n_floor) and self.log_scaling_n_floor > 0, "log_scaling_n_floor",
-                 f"must be a positive integer (or null to disable), got {self.log_scaling_n_floor!r}")
-        need(_is_real(self.log_scaling_alpha) and self.log_scaling_alpha >= 0, "log_scaling_alpha",
-             f"must be a number >= 0, got {self.log_scaling_alpha!r}")
-        need(_is_real(self.mup) and self.mup > 0, "mup", f"must be a positive number, got {self.mup!r}")
-        need(_is_real(self.rms_norm_eps) and self.rms_norm_eps > 0, "rms_norm_eps",
-             f"must be a positive number, got {self.rms_norm_eps!r}")
-
-        need(isinstance(self.mtp_layer_types, list) and len(self.mtp_layer_types) == self.num_mtp_depths,
-             "mtp_layer_types", f"has {_len(self.mtp_layer_types)} entries for {self.num_mtp_depths} MTP depths")
-        need(all(t in (SLIDING, GLOBAL) for t in self.mtp_layer_types), "mtp_layer_types",
-             f"entries must be '{SLIDING}' or '{GLOBAL}', got {sorted(set(map(str, self.mtp_layer_types)))}")
-        for name in ("chain_hidden_post_norm", "mtp_apply_log_scaling"):
-            need(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+        for name, n, what, kinds in (("layer_types", self.num_layers, "num_hidden_layers={}", (SLIDING, GLOBAL)),
+                                     ("mlp_types", self.num_layers, "num_hidden_layers={}", (DENSE, MOE)),
+                                     ("mtp_layer_types", self.num_mtp_depths, "{} MTP depths", (SLIDING, GLOBAL))):
+            v = getattr(self, name)
+            need(isinstance(v, list) and len(v) == n, name, f"has {_len(v)} entries for {what.format(n)}")
+            need(all(t in kinds for t in v), name,
+                 f"entries must be '{kinds[0]}' or '{kinds[1]}', got {sorted(set(map(str, v)))}")
 
     # ------------------------------------------------------------------ reading
     @classmethod
@@ -189,13 +171,18 @@ class InklingConfig:
             raise ConfigError(f"config field 'model_type': {model_type!r} is not an Inkling model "
                               f"(expected one of {list(KNOWN_MODEL_TYPES)})")
         if "text_config" in d:
-            text = d["text_config"]
+            _refuse_typos(d, [("text_config",), ("mtp_config",), ("model_type",)], "")
+            text, mtp = d["text_config"], d.get("mtp_config")
             if not isinstance(text, dict):
                 raise ConfigError("config field 'text_config': must be an object")
-            mtp = d.get("mtp_config") or {}
+            if mtp is None:
+                mtp = {}
             if not isinstance(mtp, dict):
-                raise ConfigError("config field 'mtp_config': must be an object")
+                raise ConfigError(f"config field 'mtp_config': must be an object, got {mtp!r}")
+            _refuse_typos(text, TEXT_SPELLINGS, "text_config.")
+            _refuse_typos(mtp, MTP_SPELLINGS, "mtp_config.")
         else:
+            _refuse_typos(d, TEXT_SPELLINGS + [("text_config",), ("mtp_config",)], "")
             text, mtp = d, {}
         return cls(**_text_fields(text), **_mtp_fields(text, mtp))
 
@@ -219,84 +206,26 @@ class InklingConfig:
     # ------------------------------------------------------------------ writing
     def to_released_dict(self) -> dict:
         """The released `config.json` layout (`text_config` + `mtp_config`)."""
-        n_dense = _dense_prefix(self.mlp_types)
-        text = {
-            "vocab_size": self.vocab_size,
-            "unpadded_vocab_size": self.unpadded_vocab_size,
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "swa_num_attention_heads": self.swa_num_heads,
-            "swa_num_key_value_heads": self.swa_num_kv_heads,
-            "swa_head_dim": self.swa_head_dim,
-            "sliding_window_size": self.sliding_window,
-            "d_rel": self.d_rel,
-            "rel_extent": self.rel_extent,
-            "log_scaling_n_floor": self.log_scaling_n_floor,
-            "log_scaling_alpha": self.log_scaling_alpha,
-            "local_layer_ids": self.local_layer_ids,
-            "dense_mlp_idx": n_dense,
-            "dense_intermediate_size": self.dense_intermediate_size,
-            "intermediate_size": self.moe_intermediate_size,  # released spelling: the expert width
-            "n_routed_experts": self.n_routed_experts,
-            "num_experts_per_tok": self.num_experts_per_tok,
-            "n_shared_experts": self.n_shared_experts,
-            "route_scale": self.route_scale,
-            "logits_mup_width_multiplier": self.mup,
-            "rms_norm_eps": self.rms_norm_eps,
-            "sconv_kernel_size": self.conv_kernel_size,
-            "model_max_length": self.max_position_embeddings,
-            "use_embed_norm": True,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-        }
+        text, mtp = {}, {}
+        for key in KEYS:
+            value = key.write_released(self) if key.write_released else getattr(self, key.field)
+            if key.mtp:
+                mtp[key.released.removeprefix("mtp_config.")] = value
+            else:
+                text[key.released] = value
+        text["use_embed_norm"] = True
+        n_dense = text["dense_mlp_idx"]
         if self.mlp_types != [DENSE] * n_dense + [MOE] * (self.num_layers - n_dense):
-            text["mlp_layer_types"] = ["dense" if t == DENSE else "sparse" for t in self.mlp_types]
+            text["mlp_layer_types"] = _mlp_layer_types(self)  # not a dense prefix: dense_mlp_idx cannot say it
         out = {"model_type": "inkling_mm_model", "text_config": text}
         if self.num_mtp_depths:
-            out["mtp_config"] = {
-                "num_nextn_predict_layers": self.num_mtp_depths,
-                "local_layer_ids": self.mtp_local_layer_ids,
-                "chain_hidden_post_norm": self.chain_hidden_post_norm,
-                "apply_log_scaling": self.mtp_apply_log_scaling,
-            }
+            out["mtp_config"] = mtp
         return out
 
     def to_transformers_dict(self) -> dict:
-        """Keyword arguments of transformers' `InklingTextConfig` for the same trunk."""
-        return {
-            "vocab_size": self.vocab_size,
-            "unpadded_vocab_size": self.unpadded_vocab_size,
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "swa_num_attention_heads": self.swa_num_heads,
-            "swa_num_key_value_heads": self.swa_num_kv_heads,
-            "swa_head_dim": self.swa_head_dim,
-            "sliding_window_size": self.sliding_window,
-            "d_rel": self.d_rel,
-            "rel_extent": self.rel_extent,
-            "log_scaling_n_floor": self.log_scaling_n_floor,
-            "log_scaling_alpha": self.log_scaling_alpha,
-            "layer_types": ["hybrid_sliding" if t == SLIDING else "hybrid" for t in self.layer_types],
-            "mlp_layer_types": ["dense" if t == DENSE else "sparse" for t in self.mlp_types],
-            "intermediate_size": self.dense_intermediate_size,
-            "moe_intermediate_size": self.moe_intermediate_size,
-            "n_routed_experts": self.n_routed_experts,
-            "num_experts_per_tok": self.num_experts_per_tok,
-            "n_shared_experts": self.n_shared_experts,
-            "route_scale": self.route_scale,
-            "logits_mup_width_multiplier": self.mup,
-            "rms_norm_eps": self.rms_norm_eps,
-            "conv_kernel_size": self.conv_kernel_size,
-            "max_position_embeddings": self.max_position_embeddings,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-        }
+        """Keyword arguments of transformers' `InklingTextConfig` for the same trunk (no MTP fields)."""
+        return {key.transformers: key.write_transformers(self) if key.write_transformers else getattr(self, key.field)
+                for key in KEYS if key.transformers and not key.mtp}
 
     def replace(self, **changes) -> "InklingConfig":
         """A copy with some fields changed (validated again)."""
@@ -305,83 +234,179 @@ class InklingConfig:
         return InklingConfig(**d)
 
 
-# ---------------------------------------------------------------------- spelling tables
-# Our field -> its spellings in config files, first one preferred. Two spellings of one field that
-# are both present must agree. (The ambiguous `intermediate_size` and the per-layer lists are read
-# separately below.)
-TEXT_KEYS = {
-    "vocab_size": ("vocab_size",),
-    "unpadded_vocab_size": ("unpadded_vocab_size",),
-    "hidden_size": ("hidden_size",),
-    "num_layers": ("num_hidden_layers", "num_layers"),
-    "num_heads": ("num_attention_heads", "num_heads"),
-    "num_kv_heads": ("num_key_value_heads", "num_kv_heads"),
-    "head_dim": ("head_dim",),
-    "rel_extent": ("rel_extent",),
-    "swa_num_heads": ("swa_num_attention_heads", "swa_num_heads"),
-    "swa_num_kv_heads": ("swa_num_key_value_heads", "swa_num_kv_heads"),
-    "swa_head_dim": ("swa_head_dim",),
-    "sliding_window": ("sliding_window_size", "sliding_window"),
-    "d_rel": ("d_rel",),
-    "log_scaling_n_floor": ("log_scaling_n_floor",),
-    "log_scaling_alpha": ("log_scaling_alpha",),
-    "n_routed_experts": ("n_routed_experts", "num_local_experts"),
-    "num_experts_per_tok": ("num_experts_per_tok",),
-    "n_shared_experts": ("n_shared_experts",),
-    "route_scale": ("route_scale",),
-    "mup": ("logits_mup_width_multiplier", "embedding_multiplier"),
-    "rms_norm_eps": ("rms_norm_eps",),
-    "conv_kernel_size": ("sconv_kernel_size", "conv_kernel_size"),
-    "max_position_embeddings": ("model_max_length", "max_position_embeddings"),
-    "bos_token_id": ("bos_token_id",),
-    "eos_token_id": ("eos_token_id",),
-}
-# Defaults where a file leaves a field out: the real model's values, as transformers' InklingTextConfig
-# has them. Fields that fix tensor shapes and have no safe default are required instead.
-TEXT_DEFAULTS = {
-    "vocab_size": 201024, "unpadded_vocab_size": None, "head_dim": 128, "rel_extent": 1024, "swa_head_dim": 128,
-    "sliding_window": 512, "d_rel": 16, "log_scaling_n_floor": None, "log_scaling_alpha": 0.1,
-    "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 2, "route_scale": 8.0, "mup": 24.0,
-    "rms_norm_eps": 1e-6, "conv_kernel_size": 4, "max_position_embeddings": 131072, "bos_token_id": None,
-    "eos_token_id": None,
-}
-REQUIRED = ("hidden_size", "num_layers", "num_heads", "num_kv_heads")
+# ---------------------------------------------------------------------- the key table
+def is_int(v) -> bool:
+    """An integer (Python or NumPy), not a boolean: what every count, size and token id must be."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
-# How files spell the fields whose name differs from ours (for error messages).
-FILE_SPELLING = {
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "num_kv_heads": "num_key_value_heads",
-    "swa_num_heads": "swa_num_attention_heads",
-    "swa_num_kv_heads": "swa_num_key_value_heads",
-    "sliding_window": "sliding_window_size / sliding_window",
-    "mup": "logits_mup_width_multiplier",
-    "conv_kernel_size": "sconv_kernel_size / conv_kernel_size",
-    "max_position_embeddings": "model_max_length / max_position_embeddings",
-    "layer_types": "local_layer_ids / layer_types",
-    "mlp_types": "dense_mlp_idx / mlp_layer_types",
-    "dense_intermediate_size": "dense_intermediate_size (released) / intermediate_size (transformers)",
-    "moe_intermediate_size": "intermediate_size (released) / moe_intermediate_size (transformers)",
-    "num_mtp_depths": "mtp_config.num_nextn_predict_layers / num_mtp_layers",
-    "mtp_layer_types": "mtp_config.local_layer_ids / mtp_local_layer_ids",
-    "chain_hidden_post_norm": "mtp_config.chain_hidden_post_norm",
-    "mtp_apply_log_scaling": "mtp_config.apply_log_scaling",
-    "n_routed_experts": "n_routed_experts / num_local_experts",
+
+def is_real(v) -> bool:
+    """A finite number (Python or NumPy), not a boolean."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class Check:
+    """What a field's value must be: `ok(value)`, and the words an error uses for it."""
+    ok: Callable[[object], bool]
+    says: str
+
+
+POSITIVE_INT = Check(lambda v: is_int(v) and v > 0, "must be a positive integer")
+COUNT = Check(lambda v: is_int(v) and v >= 0, "must be an integer >= 0")
+POSITIVE_INT_OR_NULL = Check(lambda v: v is None or (is_int(v) and v > 0),
+                             "must be a positive integer (or null to disable)")
+POSITIVE = Check(lambda v: is_real(v) and v > 0, "must be a positive number")
+NON_NEGATIVE = Check(lambda v: is_real(v) and v >= 0, "must be a number >= 0")
+TOKEN_ID_OR_NULL = Check(lambda v: v is None or is_int(v), "must be a token id (an integer) or null")
+BOOL = Check(lambda v: isinstance(v, bool), "must be true or false")
+WHEN_NOTE = {DENSE: " (the model has dense MLPs)", MOE: " (the model has MoE layers)"}
+REQUIRED = object()  # default of a field that fixes tensor shapes and has no safe default
+
+
+@dataclass(frozen=True)
+class Key:
+    """One row of the key table: an `InklingConfig` field and how config files spell it.
+
+    released: the key in the released config.json (`mtp_config.<key>` for the MTP head's fields);
+    transformers: the key of transformers' InklingTextConfig (None: it has none); aliases: other
+    spellings that are read. check: what the value must be (None: the field is a per-layer list,
+    checked in `validate`); when: checked only when the model has dense MLPs or MoE layers.
+    default: the value when a file leaves the field out (the real model's, as transformers has it).
+    write_released / write_transformers: the value to write, where it is not the field itself."""
+    field: str
+    released: str
+    transformers: str | None
+    check: Check | None
+    default: object = None
+    aliases: tuple[str, ...] = ()
+    when: str | None = None
+    write_released: Callable | None = None
+    write_transformers: Callable | None = None
+
+    @property
+    def mtp(self) -> bool:
+        return self.released.startswith("mtp_config.")
+
+    @property
+    def text_spellings(self) -> tuple[str, ...]:
+        """Its spellings inside a text config (released first), without duplicates."""
+        own = () if self.mtp else (self.released,)
+        return tuple(dict.fromkeys(own + ((self.transformers,) if self.transformers else ()) + self.aliases))
+
+
+def _local_ids(kinds: list[str]) -> list[int]:
+    return [i for i, t in enumerate(kinds) if t == SLIDING]
+
+
+def _mlp_layer_types(cfg) -> list[str]:
+    return ["dense" if t == DENSE else "sparse" for t in cfg.mlp_types]
+
+
+KEYS = [
+    #   field                      released                    transformers               check
+    Key("vocab_size",              "vocab_size",              "vocab_size",              POSITIVE_INT, 201024),
+    Key("unpadded_vocab_size",     "unpadded_vocab_size",     "unpadded_vocab_size",     POSITIVE_INT_OR_NULL),
+    Key("hidden_size",             "hidden_size",             "hidden_size",             POSITIVE_INT, REQUIRED),
+    Key("num_layers",              "num_hidden_layers",       "num_hidden_layers",       POSITIVE_INT, REQUIRED,
+        aliases=("num_layers",)),
+    Key("num_heads",               "num_attention_heads",     "num_attention_heads",     POSITIVE_INT, REQUIRED,
+        aliases=("num_heads",)),
+    Key("num_kv_heads",            "num_key_value_heads",     "num_key_value_heads",     POSITIVE_INT, REQUIRED,
+        aliases=("num_kv_heads",)),
+    Key("head_dim",                "head_dim",                "head_dim",                POSITIVE_INT, 128),
+    Key("swa_num_heads",           "swa_num_attention_heads", "swa_num_attention_heads", POSITIVE_INT, REQUIRED,
+        aliases=("swa_num_heads",)),   # may be left out when no layer slides: then the global count
+    Key("swa_num_kv_heads",        "swa_num_key_value_heads", "swa_num_key_value_heads", POSITIVE_INT, REQUIRED,
+        aliases=("swa_num_kv_heads",)),
+    Key("swa_head_dim",            "swa_head_dim",            "swa_head_dim",            POSITIVE_INT, 128),
+    Key("sliding_window",          "sliding_window_size",     "sliding_window_size",     POSITIVE_INT, 512,
+        aliases=("sliding_window",)),
+    Key("d_rel",                   "d_rel",                   "d_rel",                   POSITIVE_INT, 16),
+    Key("rel_extent",              "rel_extent",              "rel_extent",              POSITIVE_INT, 1024),
+    Key("log_scaling_n_floor",     "log_scaling_n_floor",     "log_scaling_n_floor",     POSITIVE_INT_OR_NULL),
+    Key("log_scaling_alpha",       "log_scaling_alpha",       "log_scaling_alpha",       NON_NEGATIVE, 0.1),
+    # per-layer kinds: released as id lists / a dense prefix length, transformers as lists of names
+    Key("layer_types",             "local_layer_ids",         "layer_types",             None,
+        write_released=lambda c: _local_ids(c.layer_types),
+        write_transformers=lambda c: ["hybrid_sliding" if t == SLIDING else "hybrid" for t in c.layer_types]),
+    Key("mlp_types",               "dense_mlp_idx",           "mlp_layer_types",         None,
+        write_released=lambda c: _dense_prefix(c.mlp_types), write_transformers=_mlp_layer_types),
+    # MLP widths: `intermediate_size` means the dense width in one spelling, the expert width in the other
+    Key("dense_intermediate_size", "dense_intermediate_size", "intermediate_size",       POSITIVE_INT, when=DENSE),
+    Key("moe_intermediate_size",   "intermediate_size",       "moe_intermediate_size",   POSITIVE_INT, when=MOE),
+    Key("n_routed_experts",        "n_routed_experts",        "n_routed_experts",        POSITIVE_INT, 256,
+        aliases=("num_local_experts",), when=MOE),
+    Key("num_experts_per_tok",     "num_experts_per_tok",     "num_experts_per_tok",     POSITIVE_INT, 6, when=MOE),
+    Key("n_shared_experts",        "n_shared_experts",        "n_shared_experts",        COUNT, 2, when=MOE),
+    Key("route_scale",             "route_scale",             "route_scale",             POSITIVE, 8.0, when=MOE),
+    Key("mup",                     "logits_mup_width_multiplier", "logits_mup_width_multiplier", POSITIVE, 24.0,
+        aliases=("embedding_multiplier",)),
+    Key("rms_norm_eps",            "rms_norm_eps",            "rms_norm_eps",            POSITIVE, 1e-6),
+    Key("conv_kernel_size",        "sconv_kernel_size",       "conv_kernel_size",        POSITIVE_INT, 4),
+    Key("max_position_embeddings", "model_max_length",        "max_position_embeddings", POSITIVE_INT, 131072),
+    Key("bos_token_id",            "bos_token_id",            "bos_token_id",            TOKEN_ID_OR_NULL),
+    Key("eos_token_id",            "eos_token_id",            "eos_token_id",            TOKEN_ID_OR_NULL),
+    # the MTP head: `mtp_config` in the released file, the text config in transformers' spelling
+    Key("num_mtp_depths",          "mtp_config.num_nextn_predict_layers", "num_mtp_layers", COUNT, 0,
+        aliases=("num_nextn_predict_layers",)),
+    Key("mtp_layer_types",         "mtp_config.local_layer_ids", "mtp_local_layer_ids",  None,
+        write_released=lambda c: _local_ids(c.mtp_layer_types)),
+    Key("chain_hidden_post_norm",  "mtp_config.chain_hidden_post_norm", "chain_hidden_post_norm", BOOL, False),
+    Key("mtp_apply_log_scaling",   "mtp_config.apply_log_scaling", None,                 BOOL, False,  # [ours]
+        aliases=("mtp_apply_log_scaling",)),
+]
+KEY = {key.field: key for key in KEYS}
+LISTS_AND_WIDTHS = ("layer_types", "mlp_types", "dense_intermediate_size", "moe_intermediate_size", "mtp_layer_types")
+
+# Features of other Inkling variants that this reference does not implement: key -> (the value that
+# asks for them, why). Each must be a boolean when present.
+UNSUPPORTED = {"use_embed_norm": (False, "every Inkling checkpoint normalizes its embedding"),
+               "mtp_hidden_states_first": (False, "MTP depths concatenate the hidden state first"),
+               "tie_word_embeddings": (True, "the embedding and the unembedding are separate tensors")}
+
+# What a typo may be mistaken for: per field, every spelling of it (see `_refuse_typos`).
+TEXT_SPELLINGS = [key.text_spellings for key in KEYS] + [("mlp_layer_types",), ("hidden_act",)] + [
+    (k,) for k in UNSUPPORTED]
+MTP_SPELLINGS = [(key.released.removeprefix("mtp_config."),) for key in KEYS if key.mtp]
+
+
+# Keys of transformers' configs (and of the other towers) that are read by no field here.
+OTHER_KNOWN_KEYS = {
+    "_name_or_path", "architectures", "attention_dropout", "chunk_size_feed_forward", "dtype", "torch_dtype",
+    "id2label", "label2id", "initializer_range", "is_encoder_decoder", "output_attentions", "output_hidden_states",
+    "pad_token_id", "problem_type", "return_dict", "transformers_version", "use_cache", "rms_norm_eps_moe_gate",
+    "shared_expert_sink", "number_of_conv_states", "vision_config", "audio_config", "image_token_id",
+    "audio_token_id", "image_bos_token_id", "audio_bos_token_id",
 }
 
 
 def field_label(name: str) -> str:
     """`config field 'x'`, plus how config files spell x when that differs."""
-    spelled = FILE_SPELLING.get(name)
-    return f"config field '{name}'" + (f" ({spelled} in config.json)" if spelled else "")
+    key = KEY.get(name)
+    if key is None or key.released == key.transformers == name:
+        return f"config field '{name}'"
+    if key.transformers is None or key.released == key.transformers:
+        return f"config field '{name}' ({key.released} in config.json)"
+    return f"config field '{name}' (released config.json: {key.released}; transformers: {key.transformers})"
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _refuse_typos(d: dict, fields: list[tuple[str, ...]], where: str) -> None:
+    """Refuse keys that are not Inkling fields but look like a spelling of a field `d` leaves out.
 
-
-def _is_real(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    fields: per field, its spellings. Keys that resemble nothing are other models' or transformers'
+    bookkeeping (`architectures`, `dtype`, ...) and are ignored."""
+    known = {s for spellings in fields for s in spellings} | OTHER_KNOWN_KEYS
+    absent = [s for spellings in fields if not any(s in d for s in spellings) for s in spellings]
+    typos = []
+    for key in d:
+        if key not in known:
+            close = difflib.get_close_matches(key, absent, n=1, cutoff=0.8)
+            if close:
+                typos.append(f"'{where}{key}' (did you mean '{where}{close[0]}'?)")
+    if typos:
+        raise ConfigError(f"unknown config field{'s' if len(typos) > 1 else ''} {', '.join(typos)}: check the "
+                          "spelling (a misspelled key is not read, and its field would silently take its default)")
 
 
 def _len(v) -> str:
@@ -408,9 +433,12 @@ def _id_list(v, name: str, n: int, what: str) -> list[int]:
     """A list of distinct ids in 0..n-1 (the field `name`), or ConfigError."""
     if not isinstance(v, list):
         raise ConfigError(f"config field '{name}': must be a list of {what} ids, got {v!r}")
-    bad = [i for i in v if not _is_int(i) or not 0 <= i < n]
+    bad = [i for i in v if not is_int(i) or not 0 <= i < n]
     if bad:
         raise ConfigError(f"config field '{name}': ids {bad} out of range 0..{n - 1} (there are {n} {what}s)")
+    repeated = sorted({i for i in v if v.count(i) > 1})
+    if repeated:
+        raise ConfigError(f"config field '{name}': ids {repeated} are listed more than once")
     return v
 
 
@@ -428,12 +456,13 @@ def _released_widths(t: dict) -> bool:
 
 
 def _text_fields(t: dict) -> dict:
-    out = {name: _lookup(t, name, spellings) for name, spellings in TEXT_KEYS.items()}
-    for name in REQUIRED:
+    out = {key.field: _lookup(t, key.field, key.text_spellings) for key in KEYS
+           if not key.mtp and key.field not in LISTS_AND_WIDTHS}
+    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads"):
         if out[name] is None:
             raise ConfigError(f"{field_label(name)} is missing")
     num_layers = out["num_layers"]
-    if not _is_int(num_layers) or num_layers <= 0:
+    if not is_int(num_layers) or num_layers <= 0:
         raise ConfigError(f"{field_label('num_layers')}: must be a positive integer, got {num_layers!r}")
 
     # sliding layers: released `local_layer_ids` or transformers `layer_types` (both: they must agree)
@@ -445,7 +474,7 @@ def _text_fields(t: dict) -> dict:
         if not isinstance(lt, list) or len(lt) != num_layers:
             raise ConfigError(f"config field 'layer_types': has {_len(lt)} entries for "
                               f"num_hidden_layers={num_layers}")
-        bad = sorted({str(x) for x in lt if x not in kinds})
+        bad = sorted({str(x) for x in lt if not isinstance(x, str) or x not in kinds})
         if bad:
             raise ConfigError(f"config field 'layer_types': unknown entries {bad} "
                               "(expected 'hybrid_sliding' or 'hybrid')")
@@ -460,7 +489,7 @@ def _text_fields(t: dict) -> dict:
 
     # MoE layers: transformers `mlp_layer_types` or released `dense_mlp_idx` (both: they must agree)
     n_dense = t.get("dense_mlp_idx")
-    if n_dense is not None and (not _is_int(n_dense) or not 0 <= n_dense <= num_layers):
+    if n_dense is not None and (not is_int(n_dense) or not 0 <= n_dense <= num_layers):
         raise ConfigError(f"config field 'dense_mlp_idx': {n_dense!r} must be an integer in 0..{num_layers}")
     if t.get("mlp_layer_types") is not None:
         kinds = {"dense": DENSE, "sparse": MOE, "moe": MOE}
@@ -468,7 +497,7 @@ def _text_fields(t: dict) -> dict:
         if not isinstance(mt, list) or len(mt) != num_layers:
             raise ConfigError(f"config field 'mlp_layer_types': has {_len(mt)} entries for "
                               f"num_hidden_layers={num_layers}")
-        bad = sorted({str(x) for x in mt if x not in kinds})
+        bad = sorted({str(x) for x in mt if not isinstance(x, str) or x not in kinds})
         if bad:
             raise ConfigError(f"config field 'mlp_layer_types': unknown entries {bad} (expected 'dense' or 'sparse')")
         mlp_types = [kinds[x] for x in mt]
@@ -493,22 +522,16 @@ def _text_fields(t: dict) -> dict:
         raise ConfigError(f"{field_label('moe_intermediate_size')} is missing but the config has MoE layers "
                           f"({intermediate_size_reading(t)})")
 
-    # features of other Inkling variants that this reference does not implement
-    unsupported = {"use_embed_norm": (False, "every Inkling checkpoint normalizes its embedding"),
-                   "mtp_hidden_states_first": (False, "MTP depths concatenate the hidden state first"),
-                   "tie_word_embeddings": (True, "the embedding and the unembedding are separate tensors")}
-    for key, (bad_value, why) in unsupported.items():
+    for key, (bad_value, why) in UNSUPPORTED.items():
+        if t.get(key) is not None and not isinstance(t[key], bool):
+            raise ConfigError(f"config field '{key}': must be true or false, got {t[key]!r}")
         if t.get(key) is bad_value:
             raise ConfigError(f"config field '{key}': {str(bad_value).lower()} is not supported ({why})")
     if t.get("hidden_act") not in (None, "silu"):
         raise ConfigError(f"config field 'hidden_act': {t['hidden_act']!r} is not supported (Inkling uses silu)")
 
-    for name, default in TEXT_DEFAULTS.items():
-        if out[name] is None:
-            out[name] = default
     if isinstance(out["eos_token_id"], list):  # several stop ids: the first is the model's own
         out["eos_token_id"] = out["eos_token_id"][0] if out["eos_token_id"] else None
-
     # sliding layers have their own head counts; copy the global ones only when nothing slides
     any_sliding = SLIDING in layer_types or (not layer_types and num_layers >= 1)
     for name in ("swa_num_heads", "swa_num_kv_heads"):
@@ -516,8 +539,11 @@ def _text_fields(t: dict) -> dict:
             if any_sliding:
                 raise ConfigError(f"{field_label(name)} is missing and the model has sliding-window layers")
             out[name] = out[name.replace("swa_", "")]
+    for name, value in out.items():
+        if value is None and KEY[name].default is not REQUIRED:
+            out[name] = KEY[name].default
     for name in ("route_scale", "mup", "rms_norm_eps", "log_scaling_alpha"):
-        if _is_int(out[name]):
+        if is_int(out[name]):
             out[name] = float(out[name])
     return dict(out, layer_types=layer_types, mlp_types=mlp_types,
                 dense_intermediate_size=dense_f if dense_f is not None else 0,
@@ -526,20 +552,20 @@ def _text_fields(t: dict) -> dict:
 
 def _mtp_fields(text: dict, mtp: dict) -> dict:
     """MTP fields from `mtp_config` (released) and/or the text config (transformers spelling)."""
-    def one(name, mtp_key, text_keys, default):
+    def one(name):
+        key = KEY[name]
+        mtp_key = key.released.removeprefix("mtp_config.")
         a = _lookup(mtp, name, (mtp_key,), prefix="mtp_config.")
-        b = _lookup(text, name, text_keys)
+        b = _lookup(text, name, key.text_spellings)
         if a is not None and b is not None and a != b:
-            raise ConfigError(f"config fields 'mtp_config.{mtp_key}' ({a!r}) and '{text_keys[0]}' ({b!r}) "
-                              "disagree")
-        return a if a is not None else b if b is not None else default
+            spelled = next(s for s in key.text_spellings if text.get(s) is not None)
+            raise ConfigError(f"config fields 'mtp_config.{mtp_key}' ({a!r}) and '{spelled}' ({b!r}) disagree")
+        return a if a is not None else b if b is not None else key.default
 
-    n = one("num_mtp_depths", "num_nextn_predict_layers", ("num_mtp_layers", "num_nextn_predict_layers"), 0)
-    if not _is_int(n) or n < 0:
+    n = one("num_mtp_depths")
+    if not is_int(n) or n < 0:
         raise ConfigError(f"{field_label('num_mtp_depths')}: must be an integer >= 0, got {n!r}")
-    ids = one("mtp_layer_types", "local_layer_ids", ("mtp_local_layer_ids",), [])
-    ids = set(_id_list(ids, "mtp_config.local_layer_ids", n, "MTP depth"))
-    chain = one("chain_hidden_post_norm", "chain_hidden_post_norm", ("chain_hidden_post_norm",), False)
-    log_scaling = one("mtp_apply_log_scaling", "apply_log_scaling", ("mtp_apply_log_scaling",), False)
+    ids = set(_id_list(one("mtp_layer_types") or [], "mtp_config.local_layer_ids", n, "MTP depth"))
     return dict(num_mtp_depths=n, mtp_layer_types=[SLIDING if i in ids else GLOBAL for i in range(n)],
-                chain_hidden_post_norm=chain, mtp_apply_log_scaling=log_scaling)
+                chain_hidden_post_norm=one("chain_hidden_post_norm"),
+                mtp_apply_log_scaling=one("mtp_apply_log_scaling"))

@@ -19,9 +19,11 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from . import speculative as S
+from .config import InklingConfig, is_int
 from .model import InklingModel
 from .sampling import SamplingParams, probs, rejection_sample, sample
 
@@ -33,6 +35,20 @@ class CycleRecord:
     accepted: int          # a
     emitted: list[int]     # the tokens this cycle appended (accepted drafts, then b; cut at EOS)
     counted: bool          # in the statistics: used the full k and emitted no EOS
+
+    @classmethod
+    def of_cycle(cls, k: int, drafts: list[int], accepted: int, next_token: int,
+                 eos_token_id: int | None) -> "CycleRecord":
+        """The record of a cycle that made len(drafts) = k_eff <= k drafts, accepted `accepted` of
+        them and then appended `next_token` (the correction or the bonus). Emitted tokens stop at
+        EOS; the cycle counts in the statistics if it used the full k and emitted no EOS. The
+        reference and the fast engine both write their records with this."""
+        emitted = list(drafts[:accepted]) + [next_token]
+        hit_eos = eos_token_id is not None and eos_token_id in emitted
+        if hit_eos:
+            emitted = emitted[: emitted.index(eos_token_id) + 1]
+        return cls(k=len(drafts), drafts=list(drafts), accepted=accepted, emitted=emitted,
+                   counted=len(drafts) == k and not hit_eos)
 
 
 @dataclass
@@ -89,39 +105,119 @@ class Uniforms:
         return torch.rand(n, generator=self.g, dtype=torch.float64).tolist()
 
 
+def _describe(x) -> str:
+    return f"{x!r} ({type(x).__name__})"
+
+
+def _array_to_list(x, name: str, ranks: tuple[int, ...]) -> list:
+    """A torch tensor or NumPy array of token ids -> nested lists of ints, after checking its rank and dtype."""
+    shape = list(x.shape)
+    if len(shape) not in ranks:
+        want = " or ".join({1: "[T] (one prompt)", 2: "[B, T] (a batch)"}[r] for r in ranks)
+        raise ValueError(f"{name} has shape {shape}: token ids come as {want}")
+    integer = (not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
+               if isinstance(x, torch.Tensor) else x.dtype.kind in "iu")
+    if not integer:
+        raise ValueError(f"{name} has dtype {x.dtype}: token ids must be integers (e.g. torch.long)")
+    return x.tolist()
+
+
 def normalize_prompts(prompt_ids) -> list[list[int]]:
-    """A list of ints (one prompt) or a list of lists (a batch) -> a list of lists."""
-    if isinstance(prompt_ids, torch.Tensor):
-        prompt_ids = prompt_ids.tolist()
+    """One prompt (a list of ints, a [T] integer tensor or array) or a batch (a list of such prompts,
+    a [B, T] integer tensor or array) -> a list of lists of Python ints.
+
+    Floats, booleans, strings and nesting of another depth are refused with the prompt and position."""
+    arrays = (torch.Tensor, np.ndarray)
+    if isinstance(prompt_ids, arrays):
+        prompt_ids = _array_to_list(prompt_ids, "prompt_ids", (1, 2))
     if not isinstance(prompt_ids, (list, tuple)) or len(prompt_ids) == 0:
-        raise ValueError("prompt_ids must be a non-empty list of token ids or a list of such lists")
-    if all(isinstance(x, int) for x in prompt_ids):
-        return [list(prompt_ids)]
-    if all(isinstance(x, (list, tuple)) for x in prompt_ids):
-        return [list(p) for p in prompt_ids]
-    raise ValueError("prompt_ids must be a list of ints or a list of lists of ints")
+        raise ValueError("prompt_ids must be a non-empty list of token ids or a list of such lists, got "
+                         f"{_describe(prompt_ids) if not isinstance(prompt_ids, (list, tuple)) else prompt_ids!r}")
+    batch = any(isinstance(p, (list, tuple) + arrays) for p in prompt_ids)
+    prompts = prompt_ids if batch else [prompt_ids]
+    out = []
+    for i, p in enumerate(prompts):
+        where = f"prompt {i}" if batch else "prompt_ids"
+        if isinstance(p, arrays):
+            p = _array_to_list(p, where, (1,))
+        if not isinstance(p, (list, tuple)):
+            raise ValueError(f"prompt_ids mixes token ids and lists: {where} is {_describe(p)}; pass a list of "
+                             "token ids or a list of such lists")
+        for j, t in enumerate(p):
+            if not is_int(t):
+                nested = " (prompt_ids is nested one level too deep)" if isinstance(t, (list, tuple)) else ""
+                raise ValueError(f"{where}, position {j}: {_describe(t)} is not a token id: token ids are "
+                                 f"integers{nested}")
+        out.append([int(t) for t in p])
+    return out
 
 
-def validate(model: InklingModel, prompts: list[list[int]], max_new_tokens: int, k: int,
-             draft_sampling: str) -> None:
-    cfg = model.config
+@dataclass(frozen=True)
+class Limits:
+    """What a decoder can run, for `validate`: token ids 0..vocab-1; `lengths`, pairs (the longest
+    sequence, prompt + new tokens, and the words naming that limit, with {n} for the number); `depths`
+    MTP depths loaded, and the message when k exceeds them ({k_arg}, {k} and {depths} filled in)."""
+    vocab: int
+    lengths: tuple[tuple[int, str], ...]
+    depths: int
+    too_many_drafts: str = "{k_arg} needs {k} MTP depths; the model has {depths} loaded"
+
+    @classmethod
+    def of_config(cls, config: InklingConfig, depths: int) -> "Limits":
+        return cls(config.vocab_out, ((config.max_position_embeddings, "the model's maximum length {n}"),), depths)
+
+    @classmethod
+    def of_model(cls, model: InklingModel) -> "Limits":
+        return cls.of_config(model.config, model.num_mtp_depths)
+
+
+def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int, k: int, draft_sampling: str = "greedy",
+             seed: int | None = None, eos_token_id: int | None = None, flags: dict[str, str] | None = None) -> None:
+    """Refuse a request that `limits` cannot run, with a message naming the argument and what is valid.
+
+    prompts: as `normalize_prompts` returns them. flags: how the caller's user spells the arguments
+    (the command line passes {"max_new_tokens": "--max-new-tokens", "prompt_ids": "the prompt", ...});
+    by default they are named as `generate`'s keyword arguments."""
+    flags = flags or {}
+
+    def arg(name, value):
+        return f"{flags[name]} {value}" if name in flags else f"{name}={value}"
+
+    def named(name):
+        return flags.get(name, name)
+
+    if not is_int(max_new_tokens):
+        raise ValueError(f"{named('max_new_tokens')} must be an integer, got {_describe(max_new_tokens)}")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if k < 0 or k > model.num_mtp_depths:
-        raise ValueError(f"num_speculative_tokens={k} needs {k} MTP depths; the model has "
-                         f"{model.num_mtp_depths} loaded")
+        raise ValueError(f"{named('max_new_tokens')} must be >= 1, got {max_new_tokens}")
+    if not is_int(k):
+        raise ValueError(f"{named('num_speculative_tokens')} must be an integer, got {_describe(k)}")
+    if k < 0:
+        raise ValueError(f"{named('num_speculative_tokens')} must be >= 0 (0 = plain decoding), got {k}")
+    if k > limits.depths:
+        raise ValueError(limits.too_many_drafts.format(k_arg=arg("num_speculative_tokens", k), k=k,
+                                                       depths=limits.depths))
     if draft_sampling not in ("greedy", "sample"):
         raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {draft_sampling!r}")
+    if seed is not None and not is_int(seed):
+        raise ValueError(f"{named('seed')} must be an integer or None, got {_describe(seed)}")
+    if eos_token_id is not None and (not is_int(eos_token_id) or not 0 <= eos_token_id < limits.vocab):
+        raise ValueError(f"eos_token_id must be a token id in 0..{limits.vocab - 1} or None, got "
+                         f"{_describe(eos_token_id)}")
     for i, p in enumerate(prompts):
+        name = flags.get("prompt_ids", f"prompt {i}")
         if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty: at least one token is needed")
-        bad = [t for t in p if not isinstance(t, int) or not 0 <= t < cfg.vocab_out]
+            raise ValueError(f"{name} is empty: at least one token is needed")
+        bad = [t for t in p if not 0 <= t < limits.vocab]
         if bad:
-            raise ValueError(f"prompt {i} has token ids out of range 0..{cfg.vocab_out - 1}: {bad[:10]}")
-        if len(p) + max_new_tokens > cfg.max_position_embeddings:
-            raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} the "
-                             f"sequence would reach {len(p) + max_new_tokens} tokens, beyond the model's "
-                             f"maximum length {cfg.max_position_embeddings}")
+            raise ValueError(f"{name} has token ids out of range 0..{limits.vocab - 1}: {bad[:10]}")
+        total = len(p) + max_new_tokens
+        for n, what in limits.lengths:
+            if total > n:
+                room = (f"at most {n - len(p)} new tokens fit" if n > len(p)
+                        else "the prompt alone fills it, so no new token fits")
+                raise ValueError(f"{name} has {len(p)} tokens; with {arg('max_new_tokens', max_new_tokens)} the "
+                                 f"sequence would reach {total} tokens, beyond {what.format(n=n)}: {room}")
 
 
 @torch.no_grad()
@@ -156,13 +252,9 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k:
             u_acc = uniforms(k_eff)
             a, b = rejection_sample(p, q, d.tokens, u_acc, uniforms(1)[0])
         S.commit(state, d.tokens, a, b, v)
-        emitted = d.tokens[:a] + [b]
-        hit_eos = eos_token_id is not None and eos_token_id in emitted
-        if hit_eos:
-            emitted = emitted[: emitted.index(eos_token_id) + 1]
-        out += emitted
-        cycles.append(CycleRecord(k=k_eff, drafts=list(d.tokens), accepted=a, emitted=emitted,
-                                  counted=(k_eff == k and not hit_eos)))
+        record = CycleRecord.of_cycle(k, d.tokens, a, b, eos_token_id)
+        out += record.emitted
+        cycles.append(record)
     return out, cycles
 
 
@@ -171,10 +263,15 @@ def generate(model: InklingModel, prompt_ids, max_new_tokens: int, num_speculati
              draft_sampling: str = "greedy", seed: int | None = None,
              eos_token_id: int | None = None) -> GenerationResult:
     """Decode `max_new_tokens` new tokens for each prompt with k = num_speculative_tokens drafts
-    per cycle (k = 0: plain decoding). `prompt_ids`: a list of ints or a list of lists."""
+    per cycle (k = 0: plain decoding). `prompt_ids`: one prompt (a list of ints, a [T] integer tensor
+    or array) or a batch (a list of them, a [B, T] tensor or array). Bad arguments raise ValueError
+    naming the argument and what is valid (see `validate`)."""
+    if not isinstance(model, InklingModel):
+        raise ValueError(f"model must be an InklingModel (e.g. load_checkpoint(path)), got {type(model).__name__}")
     prompts = normalize_prompts(prompt_ids)
     params = SamplingParams(temperature, top_k, top_p)
-    validate(model, prompts, max_new_tokens, num_speculative_tokens, draft_sampling)
+    validate(Limits.of_model(model), prompts, max_new_tokens, num_speculative_tokens, draft_sampling, seed,
+             eos_token_id)
     t0 = time.perf_counter()
     token_ids, cycles = [], []
     for i, prompt in enumerate(prompts):

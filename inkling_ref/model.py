@@ -28,6 +28,9 @@ class InklingModel(nn.Module):
         return 0 if self.mtp is None else len(self.mtp)
 
     def check_ids(self, input_ids: torch.Tensor) -> None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            got = f"shape {list(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be a [B, T] tensor of token ids, got {got} (one sequence: ids[None])")
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
         if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_out):

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import is_int, is_real
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -26,12 +28,15 @@ class SamplingParams:
     top_p: float | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 (or None), got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (or None), got {self.top_p}")
+        """Refuse what no distribution comes from: a temperature that is negative, infinite or NaN (a NaN
+        would pass every comparison and sample garbage), a top_k that is not a positive integer, a top_p
+        outside (0, 1]. Python and NumPy numbers are accepted; booleans and strings are not."""
+        if not is_real(self.temperature) or not self.temperature >= 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
+            raise ValueError(f"top_k must be an integer >= 1 (or None), got {self.top_k!r}")
+        if self.top_p is not None and (not is_real(self.top_p) or not 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be a number in (0, 1] (or None), got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:

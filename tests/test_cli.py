@@ -43,25 +43,50 @@ def test_console_script_runs(ckpt):
     assert len(r.stdout.split()) == 3
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--checkpoint", "/nonexistent/ckpt", "--prompt-ids", "1 2"], "no checkpoint directory at /nonexistent/ckpt"),
-    (["--prompt-ids", ""], "the prompt is empty"),
-    (["--prompt-ids", "1 999"], "out of range 0..499"),
-    (["--prompt-ids", "1 2", "--k", "9"], "has 8 complete MTP depth"),
-    (["--prompt", "def f():"], "has no tokenizer.json"),
-    (["--prompt-ids", "1 2", "--max-new-tokens", "63"], "beyond the model's maximum length 64"),
-])
-def test_generate_errors_name_the_problem(ckpt, capsys, args, message):
-    if "--checkpoint" not in args:
-        args = ["--checkpoint", str(ckpt)] + args
-    assert main(["generate"] + args) == 1
-    assert message in capsys.readouterr().err
+def test_statistics_are_explained_and_match_the_run(ckpt, capsys):
+    from inkling_ref import generate, load_checkpoint
+    assert main(["generate", "--checkpoint", str(ckpt), "--prompt-ids", "3 17 5", "--k", "2",
+                 "--max-new-tokens", "20"]) == 0
+    err = capsys.readouterr().err
+    res = generate(load_checkpoint(ckpt, num_mtp_depths=2), [3, 17, 5], max_new_tokens=20, num_speculative_tokens=2)
+    s, cycles = res.stats, res.cycles[0]
+    assert s.num_cycles >= 1
+    assert f"{len(cycles)} cycle" in err and "MTP head drafts up to 2 tokens and one trunk pass verifies them" in err
+    assert f"acceptance length {s.acceptance_length:.2f}: tokens gained per verify pass (accepted drafts + 1" in err
+    assert f"mean of {s.num_cycles} full cycle" in err
+    per = " ".join(f"{100 * v:.0f}%" for v in s.per_position.values())
+    assert f"per-position acceptance {per}: how often draft 1..2 was accepted" in err
+    short = len(cycles) - s.num_cycles
+    assert (f"{short} cut short by --max-new-tokens" in err) == (short > 0)
+    assert "nan" not in err.lower()
 
 
-def test_bad_ids_are_a_usage_error(ckpt):
+def test_a_run_without_a_full_cycle_says_so_instead_of_nan(ckpt, capsys):
+    """k = 4 and 3 new tokens: the prefill token, then one cycle of k_eff = 1 < 4 drafts (cut short)."""
+    assert main(["generate", "--checkpoint", str(ckpt), "--prompt-ids", "3 17 5", "--k", "4",
+                 "--max-new-tokens", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "nan" not in err.lower()
+    assert "no full cycle (one with all 4 drafts), so no acceptance statistics" in err
+    assert "acceptance length" not in err
+
+
+def test_plain_decoding_reports_trunk_passes(ckpt, capsys):
+    assert main(["generate", "--checkpoint", str(ckpt), "--prompt-ids", "3 17 5", "--k", "0",
+                 "--max-new-tokens", "5"]) == 0
+    err = capsys.readouterr().err
+    assert "plain decoding: 4 trunk passes after the prompt, one token each" in err
+    assert "acceptance" not in err
+
+
+def test_help_explains_every_term_the_output_prints(capsys):
     with pytest.raises(SystemExit) as e:
-        main(["generate", "--checkpoint", str(ckpt), "--prompt-ids", "1 x"])
-    assert e.value.code == 2
+        main(["generate", "--help"])
+    assert e.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    for term in ("cycle / verify pass", "full cycle", "acceptance length", "per-position acceptance",
+                 "mean(accepted drafts + 1)", "docs/spec/mtp-cycle.md"):
+        assert term in help_text, term
 
 
 # ----------------------------------------------------------------------------- --engine ref|fast

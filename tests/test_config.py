@@ -246,3 +246,77 @@ def test_from_file(tmp_path):
         InklingConfig.from_file(path)
     with pytest.raises(FileNotFoundError, match="no config.json"):
         InklingConfig.from_file(tmp_path / "nowhere")
+
+
+# ----------------------------------------------------------------------------- the key table
+def test_key_table_drives_reading_from_every_spelling():
+    """Each scalar field of KEYS, spelled in turn by each of its spellings in the released text_config,
+    reads back the same config; the MTP fields likewise from the text config."""
+    from inkling_ref.config import KEYS, LISTS_AND_WIDTHS
+    checked = 0
+    for key in KEYS:
+        if key.field in LISTS_AND_WIDTHS:
+            continue
+        d = released()
+        if key.mtp:
+            value = d["mtp_config"].pop(key.released.removeprefix("mtp_config."), None)
+            if value is None:
+                value = key.default
+        else:
+            value = d["text_config"].pop(key.released, None)
+            if value is None:
+                continue  # a field the tiny config leaves at its default (bos / eos ids)
+        for spelling in key.text_spellings:
+            e = copy.deepcopy(d)
+            e["text_config"][spelling] = value
+            assert InklingConfig.from_dict(e) == TINY, (key.field, spelling)
+            checked += 1
+    assert checked >= 35
+
+
+def test_key_table_drives_both_writers():
+    """Every field is written under its spelling of the table (released: every row; transformers: the
+    trunk's rows), with nothing else but the released constant use_embed_norm."""
+    from inkling_ref.config import KEYS
+    cfg = tiny_config(mlp_types=["moe", "dense", "moe", "dense"])  # not a dense prefix: mlp_layer_types too
+    rel = cfg.to_released_dict()
+    want_text = {k.released for k in KEYS if not k.mtp} | {"use_embed_norm", "mlp_layer_types"}
+    want_mtp = {k.released.removeprefix("mtp_config.") for k in KEYS if k.mtp}
+    assert set(rel["text_config"]) == want_text and set(rel["mtp_config"]) == want_mtp
+    assert set(cfg.to_transformers_dict()) == {k.transformers for k in KEYS if k.transformers and not k.mtp}
+    assert rel["text_config"]["sconv_kernel_size"] == cfg.to_transformers_dict()["conv_kernel_size"] == 4
+
+
+# (edit, message): a key that looks like a misspelling of a field the file leaves out is refused
+TYPOS = {
+    "text key": (lambda d: d["text_config"].update(sliding_window_sise=d["text_config"].pop("sliding_window_size")),
+                 "unknown config field 'text_config.sliding_window_sise' (did you mean "
+                 "'text_config.sliding_window_size'?)"),
+    "two at once": (lambda d: d["text_config"].update(d_rell=d["text_config"].pop("d_rel"),
+                                                      head_dims=d["text_config"].pop("head_dim")),
+                    "unknown config fields 'text_config.d_rell' (did you mean 'text_config.d_rel'?), "
+                    "'text_config.head_dims' (did you mean 'text_config.head_dim'?)"),
+    "top level": (lambda d: d.update(mtp_confg=d.pop("mtp_config")), "(did you mean 'mtp_config'?)"),
+    "mtp_config key": (lambda d: d["mtp_config"].update(chain_hidden_postnorm=False) or
+                       d["mtp_config"].pop("chain_hidden_post_norm"),
+                       "(did you mean 'mtp_config.chain_hidden_post_norm'?)"),
+}
+
+
+@pytest.mark.parametrize("case", list(TYPOS))
+def test_misspelled_keys_are_refused(case):
+    edit, message = TYPOS[case]
+    d = released()
+    edit(d)
+    with pytest.raises(ConfigError) as e:
+        InklingConfig.from_dict(d)
+    assert message in str(e.value)
+
+
+def test_unknown_keys_that_resemble_no_missing_field_are_ignored():
+    """Keys of other configs are not typos: transformers' bookkeeping, the other towers, and a key close
+    to a field the file does give (that field is read from its own key)."""
+    d = released()
+    d.update(architectures=["InklingForConditionalGeneration"], vision_config={"hidden_size": 8}, dtype="bf16")
+    d["text_config"].update(rope_theta=1e6, pad_token_id=0, sliding_window_sizes=[8], initializer_range=0.02)
+    assert InklingConfig.from_dict(d) == TINY

@@ -1,0 +1,512 @@
+"""Bad inputs across the command line, the API, configs and checkpoints, each with the error it must get.
+
+One list, `CASES`, is both what `tests/test_bad_inputs.py` runs and what `scripts/bad_inputs_table.py`
+writes into `docs/bad_inputs.md`, so the table shows the messages the code gives now.
+
+A case is (area, what is given, run, expected outcome, pattern). `run(env)` makes the bad call; the
+runner records the outcome: `exit N` for the command line (with its stderr), or the exception's class
+for the API (with its message). `env` holds a tiny random checkpoint written once per session, a model
+built from it, and a scratch directory for broken copies. Paths in messages are shown relative to
+placeholders (<tmp>/, <repo>/) so that the table does not depend on where it was made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from unittest import mock
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+import inkling_ref
+from inkling_ref import InklingConfig, generate, load_checkpoint, random_model, save_checkpoint
+from inkling_ref.cli import main
+from inkling_ref.sampling import SamplingParams
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from make_random_checkpoint import tiny_random_config  # noqa: E402
+
+DEFAULT = REPO / "inkling_ref" / "default_checkpoint"
+
+
+# ---------------------------------------------------------------------- the environment
+class Env:
+    """A tiny random checkpoint (vocab 500, 8 MTP depths, 1024 positions) at `ckpt`, its model, and
+    `copy(name, edit)`: a copy of the checkpoint in a fresh directory, changed by `edit(directory)`."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.ckpt = root / "ckpt"
+        self.model = random_model(tiny_random_config(), seed=0)
+        save_checkpoint(self.model, self.ckpt, overwrite=True)
+
+    def copy(self, name: str, edit: Callable[[Path], None] | None = None) -> Path:
+        d = self.root / name
+        if d.exists():
+            shutil.rmtree(d)
+        shutil.copytree(self.ckpt, d)
+        if edit is not None:
+            edit(d)
+        return d
+
+
+@dataclass
+class Outcome:
+    kind: str      # "exit 2", "exit 1", "exit 0" or an exception class name
+    message: str   # the stderr of the command line, or the exception's message
+
+
+def cli(*argv) -> Callable[[Env], Outcome]:
+    """A command line: `{ckpt}` in an argument is the tiny checkpoint, `{tmp}` the scratch directory."""
+    def run(env: Env) -> Outcome:
+        args = [a.format(ckpt=env.ckpt, tmp=env.root) if isinstance(a, str) else a(env) for a in argv]
+        err, out = io.StringIO(), io.StringIO()
+        # as on a machine without a GPU, so that the outcome is the same everywhere
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), \
+                mock.patch.object(torch.cuda, "is_available", lambda: False):
+            try:
+                code = main(args)
+            except SystemExit as e:
+                code = e.code
+        return Outcome(f"exit {code}", err.getvalue())
+    return run
+
+
+def api(fn: Callable[[Env], object]) -> Callable[[Env], Outcome]:
+    def run(env: Env) -> Outcome:
+        try:
+            fn(env)
+        except Exception as e:  # noqa: BLE001 - the class is part of the outcome
+            return Outcome(type(e).__name__, str(e))
+        return Outcome("no error", "")
+    return run
+
+
+def config(edit: Callable[[dict], None], flat: bool = False) -> Callable[[Env], Outcome]:
+    """InklingConfig.from_dict of the tiny checkpoint's released config (or its flat transformers
+    spelling), after `edit`."""
+    def fn(env: Env):
+        cfg = tiny_random_config()
+        d = json.loads(json.dumps(cfg.to_transformers_dict() if flat else cfg.to_released_dict()))
+        edit(d)
+        InklingConfig.from_dict(d)
+    return api(fn)
+
+
+def checkpoint(edit: Callable[[Path], None], **load_kwargs) -> Callable[[Env], Outcome]:
+    """load_checkpoint of a copy of the tiny checkpoint changed by `edit`."""
+    def fn(env: Env):
+        load_checkpoint(env.copy("broken", edit), **load_kwargs)
+    return api(fn)
+
+
+# ---------------------------------------------------------------------- ways to break a checkpoint
+def set_values(name: str, value: float, file: str = "model.safetensors", dtype=None):
+    """Rewrite tensor `name` with a few entries set to `value` (and the whole file in `dtype`)."""
+    def edit(d: Path):
+        tensors = load_file(d / file)
+        if dtype is not None:
+            tensors = {n: t.to(dtype) for n, t in tensors.items()}
+        t = tensors[name]
+        t.view(-1)[::97] = value
+        save_file(tensors, d / file)
+    return edit
+
+
+def corrupt_bytes(name: str, file: str = "model.safetensors"):
+    """Overwrite the stored bytes of tensor `name` with random bytes (seeded), leaving the header intact."""
+    def edit(d: Path):
+        path = d / file
+        raw = bytearray(path.read_bytes())
+        header_len = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8: 8 + header_len])
+        start, end = (8 + header_len + o for o in header[name]["data_offsets"])
+        raw[start:end] = np.random.default_rng(0).integers(0, 256, end - start, dtype=np.uint8).tobytes()
+        path.write_bytes(bytes(raw))
+    return edit
+
+
+def truncate(file: str, keep: float):
+    def edit(d: Path):
+        raw = (d / file).read_bytes()
+        (d / file).write_bytes(raw[: int(len(raw) * keep)])
+    return edit
+
+
+def write(file: str, text: str):
+    def edit(d: Path):
+        (d / file).write_text(text)
+    return edit
+
+
+def drop(*files: str):
+    def edit(d: Path):
+        for f in files:
+            (d / f).unlink()
+    return edit
+
+
+def edit_config(fn: Callable[[dict], None]):
+    def edit(d: Path):
+        cfg = json.loads((d / "config.json").read_text())
+        fn(cfg)
+        (d / "config.json").write_text(json.dumps(cfg))
+    return edit
+
+
+def both(*edits):
+    def edit(d: Path):
+        for e in edits:
+            e(d)
+    return edit
+
+
+def text(**kv):
+    return lambda d: d["text_config"].update(kv)
+
+
+def rename(section: str | None, old: str, new: str):
+    def edit(d: dict):
+        part = d if section is None else d[section]
+        part[new] = part.pop(old)
+    return edit
+
+
+# ---------------------------------------------------------------------- the cases
+@dataclass
+class Case:
+    area: str
+    given: str                         # the bad input, as a user would describe it
+    run: Callable[[Env], Outcome]
+    expect: str                        # the outcome's kind
+    pattern: str                       # a substring the message must contain
+
+
+def checkpoint_dir(name: str, edit=None):
+    """A command-line argument: the path of a broken copy of the tiny checkpoint."""
+    return lambda env: str(env.copy(name, edit))
+
+
+GEN = ("generate", "--checkpoint", "{ckpt}")
+UNREADABLE_TOKENIZER = write("tokenizer.json", '{"version": "1.0", "model": ')
+NAN_WEIGHT = set_values("model.llm.layers.1.attn.wq_du.weight", math.nan)
+
+CASES = [
+    # --- the command line: flags that no checkpoint makes valid (exit 2)
+    Case("CLI", "`--temperature nan`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "nan"),
+         "exit 2", "argument --temperature: must be a finite number >= 0, got 'nan'"),
+    Case("CLI", "`--temperature inf`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "inf"),
+         "exit 2", "must be a finite number >= 0, got 'inf'"),
+    Case("CLI", "`--temperature -0.5`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "-0.5"),
+         "exit 2", "must be a finite number >= 0"),
+    Case("CLI", "`--top-p 0`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "1", "--top-p", "0"),
+         "exit 2", "argument --top-p: must be a finite number in (0, 1], got '0'"),
+    Case("CLI", "`--top-p 1.5`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "1", "--top-p", "1.5"),
+         "exit 2", "in (0, 1], got '1.5'"),
+    Case("CLI", "`--top-k 0`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "1", "--top-k", "0"),
+         "exit 2", "argument --top-k: must be an integer >= 1, got '0'"),
+    Case("CLI", "`--threads 0`", cli(*GEN, "--prompt-ids", "1 2", "--threads", "0"),
+         "exit 2", "argument --threads: must be an integer >= 1, got '0'"),
+    Case("CLI", "`--threads two`", cli(*GEN, "--prompt-ids", "1 2", "--threads", "two"),
+         "exit 2", "argument --threads: must be an integer >= 1, got 'two'"),
+    Case("CLI", "`--k -1`", cli(*GEN, "--prompt-ids", "1 2", "--k", "-1"),
+         "exit 2", "argument --k: must be an integer >= 0, got '-1'"),
+    Case("CLI", "`--max-new-tokens 0`", cli(*GEN, "--prompt-ids", "1 2", "--max-new-tokens", "0"),
+         "exit 2", "argument --max-new-tokens: must be an integer >= 1, got '0'"),
+    Case("CLI", '`--prompt-ids "1 x"`', cli(*GEN, "--prompt-ids", "1 x"),
+         "exit 2", "argument --prompt-ids: must be integers separated by spaces"),
+    Case("CLI", '`--prompt-ids ""`', cli(*GEN, "--prompt-ids", ""), "exit 2", "--prompt-ids is empty"),
+    Case("CLI", '`--prompt ""`', cli(*GEN, "--prompt", ""), "exit 2", "--prompt is empty"),
+    Case("CLI", "`--top-k 5` without `--temperature` (greedy: silently ignored before)",
+         cli(*GEN, "--prompt-ids", "1 2", "--top-k", "5"),
+         "exit 2", "--top-k only applies when sampling, and --temperature 0 (the default) decodes greedily"),
+    Case("CLI", "`--seed 1 --top-p 0.9` with `--temperature 0`",
+         cli(*GEN, "--prompt-ids", "1 2", "--seed", "1", "--top-p", "0.9", "--temperature", "0"),
+         "exit 2", "--top-p and --seed only apply when sampling"),
+    Case("CLI", "`--engine fast --dtype float64`", cli(*GEN, "--prompt-ids", "1 2", "--engine", "fast",
+                                                       "--dtype", "float64"),
+         "exit 2", "--engine fast runs --dtype float32 or bfloat16, not float64"),
+    Case("CLI", "`--dtype float16`", cli(*GEN, "--prompt-ids", "1 2", "--dtype", "float16"),
+         "exit 2", "argument --dtype: invalid choice: 'float16'"),
+    Case("CLI", "neither `--prompt` nor `--prompt-ids`", cli(*GEN), "exit 2",
+         "one of the arguments --prompt --prompt-ids is required"),
+    Case("CLI", "`convert SRC DST --max-shard-size 5XB`",
+         cli("convert", "{ckpt}", "{tmp}/out", "--max-shard-size", "5XB"),
+         "exit 2", "argument --max-shard-size: not a size: '5XB'"),
+    # --- the command line: fine flags that these files cannot serve (exit 1)
+    Case("CLI", "`--checkpoint` that does not exist", cli("generate", "--checkpoint", "{tmp}/nowhere",
+                                                          "--prompt-ids", "1 2"),
+         "exit 1", "checkpoint directory <tmp>/nowhere does not exist"),
+    Case("CLI", "`--checkpoint` naming a file", cli("generate", "--checkpoint", "{ckpt}/config.json",
+                                                    "--prompt-ids", "1 2"),
+         "exit 1", "is a file; pass the checkpoint directory"),
+    Case("CLI", "`--k 9` on a checkpoint with 8 MTP depths", cli(*GEN, "--prompt-ids", "1 2", "--k", "9"),
+         "exit 1", "--k 9: the checkpoint <tmp>/ckpt has 8 MTP depths, so --k can be 0 to 8"),
+    Case("CLI", "a checkpoint without an MTP head, at the default `--k 4`",
+         cli("generate", "--checkpoint", checkpoint_dir("trunk", drop("mtp.safetensors")), "--prompt-ids", "1 2"),
+         "exit 1", "has no MTP head (no complete model.mtp.* depth), so it cannot draft: use --k 0"),
+    Case("CLI", '`--prompt-ids "1 999"` (vocabulary of 500)', cli(*GEN, "--prompt-ids", "1 999"),
+         "exit 1", "the prompt (--prompt-ids) has token ids out of range 0..499: [999]"),
+    Case("CLI", "`--max-new-tokens 1023` after a 2-token prompt (1024 positions)",
+         cli(*GEN, "--prompt-ids", "1 2", "--max-new-tokens", "1023"),
+         "exit 1", "with --max-new-tokens 1023 the sequence would reach 1025 tokens, beyond the model's maximum "
+                   "length 1024: at most 1022 new tokens fit"),
+    Case("CLI", "`--prompt TEXT` on a checkpoint without tokenizer.json", cli(*GEN, "--prompt", "def f():"),
+         "exit 1", "--prompt needs a tokenizer, and <tmp>/ckpt has no tokenizer.json: pass token ids with "
+                   "--prompt-ids"),
+    Case("CLI", "`--prompt TEXT` with an unreadable tokenizer.json",
+         cli("generate", "--checkpoint", checkpoint_dir("badtok", UNREADABLE_TOKENIZER), "--prompt", "def f():"),
+         "exit 1", "<tmp>/badtok/tokenizer.json is not a readable tokenizer file"),
+    Case("CLI", "`--prompt-ids` with an unreadable tokenizer.json (only needed to print text)",
+         cli("generate", "--checkpoint", checkpoint_dir("badtok", UNREADABLE_TOKENIZER), "--prompt-ids", "1 2",
+             "--k", "2", "--max-new-tokens", "4"),
+         "exit 0", "warning: <tmp>/badtok/tokenizer.json is not a readable tokenizer file"),
+    Case("CLI", "`--prompt TEXT` with a tokenizer whose vocabulary is larger than the model's",
+         cli("generate", "--checkpoint",
+             checkpoint_dir("bigtok", lambda d: shutil.copy(DEFAULT / "tokenizer.json", d)), "--prompt",
+             "def fibonacci(n):"),
+         "exit 1", "the prompt (--prompt, tokenized by <tmp>/bigtok/tokenizer.json) has token ids out of range 0..499"),
+    Case("CLI", "`--engine fast` on a machine without a GPU", cli(*GEN, "--prompt-ids", "1 2", "--engine", "fast"),
+         "exit 1", "--engine fast needs a CUDA GPU and none is available; use --engine ref"),
+    Case("CLI", "a checkpoint whose weights hold NaN",
+         cli("generate", "--checkpoint", checkpoint_dir("nan", NAN_WEIGHT), "--prompt-ids", "1 2"),
+         "exit 1", "holds weights that are NaN or infinite"),
+    Case("CLI", "`convert` of a directory that does not exist", cli("convert", "{tmp}/nowhere", "{tmp}/out"),
+         "exit 1", "checkpoint directory <tmp>/nowhere does not exist"),
+
+    # --- the API
+    Case("API", "`generate(model, torch.tensor([[[1, 2]]]))`: rank 3",
+         api(lambda env: generate(env.model, torch.tensor([[[1, 2]]]), max_new_tokens=2)),
+         "ValueError", "prompt_ids has shape [1, 1, 2]: token ids come as [T] (one prompt) or [B, T] (a batch)"),
+    Case("API", "`generate(model, torch.tensor([1.0, 2.0]))`: float ids",
+         api(lambda env: generate(env.model, torch.tensor([1.0, 2.0]), max_new_tokens=2)),
+         "ValueError", "prompt_ids has dtype torch.float32: token ids must be integers"),
+    Case("API", "`generate(model, [1, 2.0])`", api(lambda env: generate(env.model, [1, 2.0], max_new_tokens=2)),
+         "ValueError", "prompt_ids, position 1: 2.0 (float) is not a token id: token ids are integers"),
+    Case("API", "`generate(model, [True, 2])`", api(lambda env: generate(env.model, [True, 2], max_new_tokens=2)),
+         "ValueError", "prompt_ids, position 0: True (bool) is not a token id"),
+    Case("API", "`generate(model, [[[1, 2]]])`: lists nested too deep",
+         api(lambda env: generate(env.model, [[[1, 2]]], max_new_tokens=2)),
+         "ValueError", "prompt 0, position 0: [1, 2] (list) is not a token id: token ids are integers (prompt_ids "
+                       "is nested one level too deep)"),
+    Case("API", "`generate(model, [1, [2]])`: ids and lists mixed",
+         api(lambda env: generate(env.model, [1, [2]], max_new_tokens=2)),
+         "ValueError", "prompt_ids mixes token ids and lists: prompt 0 is 1 (int)"),
+    Case("API", "`generate(..., max_new_tokens=2.5)`",
+         api(lambda env: generate(env.model, [1, 2], max_new_tokens=2.5)),
+         "ValueError", "max_new_tokens must be an integer, got 2.5 (float)"),
+    Case("API", "`generate(..., temperature=float('nan'))`",
+         api(lambda env: generate(env.model, [1, 2], max_new_tokens=2, temperature=math.nan)),
+         "ValueError", "temperature must be a finite number >= 0 (0 = greedy), got nan"),
+    Case("API", "`SamplingParams(temperature=float('inf'))`", api(lambda env: SamplingParams(math.inf)),
+         "ValueError", "temperature must be a finite number >= 0 (0 = greedy), got inf"),
+    Case("API", "`generate(..., top_k=2.5)`",
+         api(lambda env: generate(env.model, [1, 2], max_new_tokens=2, temperature=1.0, top_k=2.5)),
+         "ValueError", "top_k must be an integer >= 1 (or None), got 2.5"),
+    Case("API", "`generate(..., top_p=float('nan'))`",
+         api(lambda env: generate(env.model, [1, 2], max_new_tokens=2, temperature=1.0, top_p=math.nan)),
+         "ValueError", "top_p must be a number in (0, 1] (or None), got nan"),
+    Case("API", "`generate(..., seed='1')`",
+         api(lambda env: generate(env.model, [1, 2], max_new_tokens=2, temperature=1.0, seed="1")),
+         "ValueError", "seed must be an integer or None, got '1' (str)"),
+    Case("API", "`generate(..., eos_token_id=4000)` (vocabulary of 500)",
+         api(lambda env: generate(env.model, [1, 2], max_new_tokens=2, eos_token_id=4000)),
+         "ValueError", "eos_token_id must be a token id in 0..499 or None, got 4000 (int)"),
+    Case("API", "`generate(model, ..., num_speculative_tokens=9)` on 8 loaded depths",
+         api(lambda env: generate(env.model, [1, 2], max_new_tokens=2, num_speculative_tokens=9)),
+         "ValueError", "num_speculative_tokens=9 needs 9 MTP depths; the model has 8 loaded"),
+    Case("API", "`generate('path/to/checkpoint', ...)`: a path instead of a model",
+         api(lambda env: generate(str(env.ckpt), [1, 2], max_new_tokens=2)),
+         "ValueError", "model must be an InklingModel (e.g. load_checkpoint(path)), got str"),
+    Case("API", "`model.logits(torch.tensor([1, 2]))`: one sequence without its batch axis",
+         api(lambda env: env.model.logits(torch.tensor([1, 2]))),
+         "ValueError", "input_ids must be a [B, T] tensor of token ids, got shape [2] (one sequence: ids[None])"),
+    Case("API", "`model.logits(torch.tensor([[1.0, 2.0]]))`",
+         api(lambda env: env.model.logits(torch.tensor([[1.0, 2.0]]))),
+         "TypeError", "input_ids must be an integer tensor, got torch.float32"),
+    Case("API", "`load_checkpoint(path, num_mtp_depths=-1)`",
+         api(lambda env: load_checkpoint(env.ckpt, num_mtp_depths=-1)),
+         "CheckpointError", "num_mtp_depths must be an integer >= 0 or None, got -1"),
+    Case("API", "`load_checkpoint(path, dtype=torch.int8)`",
+         api(lambda env: load_checkpoint(env.ckpt, dtype=torch.int8)),
+         "CheckpointError", "dtype=torch.int8 cannot be loaded"),
+
+    # --- configs (InklingConfig.from_dict; load_checkpoint and the command line add the file's path)
+    Case("config", "`sconv_kernal_size` (a typo of sconv_kernel_size)",
+         config(rename("text_config", "sconv_kernel_size", "sconv_kernal_size")),
+         "ConfigError", "unknown config field 'text_config.sconv_kernal_size' (did you mean "
+                        "'text_config.sconv_kernel_size'?)"),
+    Case("config", "`mtp_confg` (a typo that would drop the MTP head)", config(rename(None, "mtp_config", "mtp_confg")),
+         "ConfigError", "unknown config field 'mtp_confg' (did you mean 'mtp_config'?)"),
+    Case("config", "`mtp_config.num_nextn_predict_layer`",
+         config(rename("mtp_config", "num_nextn_predict_layers", "num_nextn_predict_layer")),
+         "ConfigError", "(did you mean 'mtp_config.num_nextn_predict_layers'?)"),
+    Case("config", "flat transformers config with `rms_norm_esp`", config(rename(None, "rms_norm_eps", "rms_norm_esp"),
+                                                                         flat=True),
+         "ConfigError", "unknown config field 'rms_norm_esp' (did you mean 'rms_norm_eps'?)"),
+    Case("config", '`"use_embed_norm": "false"` (a string)', config(text(use_embed_norm="false")),
+         "ConfigError", "config field 'use_embed_norm': must be true or false, got 'false'"),
+    Case("config", '`"tie_word_embeddings": 1`', config(text(tie_word_embeddings=1)),
+         "ConfigError", "config field 'tie_word_embeddings': must be true or false, got 1"),
+    Case("config", '`"chain_hidden_post_norm": "false"`',
+         config(lambda d: d["mtp_config"].update(chain_hidden_post_norm="false")),
+         "ConfigError", "must be true or false, got 'false'"),
+    Case("config", '`"hidden_size": true`', config(text(hidden_size=True)),
+         "ConfigError", "config field 'hidden_size': must be a positive integer, got True"),
+    Case("config", '`"num_hidden_layers": 4.0`', config(text(num_hidden_layers=4.0)),
+         "ConfigError", "must be a positive integer, got 4.0"),
+    Case("config", '`"rms_norm_eps": "1e-6"`', config(text(rms_norm_eps="1e-6")),
+         "ConfigError", "config field 'rms_norm_eps': must be a positive number, got '1e-6'"),
+    Case("config", '`"log_scaling_alpha": NaN`', config(text(log_scaling_alpha=math.nan)),
+         "ConfigError", "config field 'log_scaling_alpha': must be a number >= 0, got nan"),
+    Case("config", '`"mtp_config": false`', config(lambda d: d.update(mtp_config=False)),
+         "ConfigError", "config field 'mtp_config': must be an object, got False"),
+    Case("config", '`"local_layer_ids": [0, 0, 2]`', config(text(local_layer_ids=[0, 0, 2])),
+         "ConfigError", "config field 'local_layer_ids': ids [0] are listed more than once"),
+    Case("config", "`sliding_window_size` and `sliding_window` disagree",
+         config(text(sliding_window=32)),
+         "ConfigError", "sliding_window_size, sliding_window spell the same field 'sliding_window' with different"),
+
+    # --- checkpoints (load_checkpoint; the command line prints the same message)
+    Case("checkpoint", "a weight holding NaN", checkpoint(NAN_WEIGHT),
+         "CheckpointError", "model.llm.layers.1.attn.wq_du.weight in model.safetensors: 43 of 4096 values"),
+    Case("checkpoint", "a weight holding infinity (MTP head)",
+         checkpoint(set_values("model.mtp.layers.3.input_proj.weight", math.inf, file="mtp.safetensors")),
+         "CheckpointError", "model.mtp.layers.3.input_proj.weight in mtp.safetensors"),
+    Case("checkpoint", "random bytes over a weight's data behind an intact header",
+         checkpoint(corrupt_bytes("model.llm.layers.2.mlp.experts.w13_weight")),
+         "CheckpointError", "model.llm.layers.2.mlp.experts.w13_weight in model.safetensors"),
+    Case("checkpoint", "float64 weights beyond float32's range, loaded in float32",
+         checkpoint(set_values("model.llm.embed.weight", 1e300, dtype=torch.float64)),
+         "CheckpointError", "weights overflow dtype=float32 (load in a wider dtype"),
+    Case("checkpoint", "a truncated model.safetensors", checkpoint(truncate("model.safetensors", 0.5)),
+         "CheckpointError", "<tmp>/broken/model.safetensors: not a readable safetensors file"),
+    Case("checkpoint", "model.safetensors that is not a safetensors file",
+         checkpoint(write("model.safetensors", "not a tensor file")),
+         "CheckpointError", "model.safetensors: not a readable safetensors file"),
+    Case("checkpoint", "no config.json", checkpoint(drop("config.json")),
+         "CheckpointError", "<tmp>/broken: missing config.json"),
+    Case("checkpoint", "config.json that is not JSON", checkpoint(write("config.json", '{"text_config": {')),
+         "CheckpointError", "config.json: malformed JSON"),
+    Case("checkpoint", "a typo in config.json (`num_attention_head`)",
+         checkpoint(edit_config(rename("text_config", "num_attention_heads", "num_attention_head"))),
+         "ConfigError", "<tmp>/broken/config.json: unknown config field 'text_config.num_attention_head'"),
+    Case("checkpoint", "only a pickled pytorch_model.bin",
+         checkpoint(both(drop("model.safetensors", "mtp.safetensors"), write("pytorch_model.bin", "pickle"))),
+         "CheckpointError",
+         "found ['pytorch_model.bin'], which would need unpickling: only safetensors files are read"),
+    Case("checkpoint", "a missing tensor",
+         checkpoint(lambda d: save_file({n: t for n, t in load_file(d / "model.safetensors").items()
+                                         if n != "model.llm.norm.weight"}, d / "model.safetensors")),
+         "CheckpointError", "missing tensors (1):\n    model.llm.norm.weight"),
+    Case("checkpoint", "`num_mtp_depths=4` of a checkpoint whose depth 3 lacks a tensor",
+         checkpoint(lambda d: save_file({n: t for n, t in load_file(d / "mtp.safetensors").items()
+                                         if n != "model.mtp.layers.3.input_proj.weight"}, d / "mtp.safetensors"),
+                    num_mtp_depths=4),
+         "CheckpointError", "num_mtp_depths=4 requested, but checkpoint <tmp>/broken has 3 complete MTP depth(s) "
+                            "(its config.json declares 8); depth 3 lacks: model.mtp.layers.3.input_proj.weight"),
+]
+
+
+def run_case(case: Case, env: Env) -> Outcome:
+    """Run one case; paths in its message are shown as <tmp>/ and <repo>/."""
+    out = case.run(env)
+    message = out.message.replace(str(env.root), "<tmp>").replace(str(REPO), "<repo>")
+    return Outcome(out.kind, message)
+
+
+assert inkling_ref  # the package under test, imported from the working tree
+
+
+# ---------------------------------------------------------------------- the table
+def shown(out: Outcome) -> str:
+    """What a user reads: for the command line, its `inkling-mtp ...: error:` (or warning) line and the
+    lines listed under it, without argparse's usage lines or the statistics; otherwise the message."""
+    if not out.kind.startswith("exit"):
+        return out.message.rstrip("\n")
+    lines = out.message.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("inkling-mtp ")), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def _cell(text: str) -> str:
+    spans = []
+    for line in text.splitlines():
+        line = line.strip().replace("|", "\\|")
+        spans.append(f"`` {line} ``" if "`" in line else f"`{line}`")
+    return "<br>".join(spans)
+
+
+HEADER = """\
+# Bad inputs and the errors they get
+
+Every row is a case of `tests/bad_inputs.py`, run by `tests/test_bad_inputs.py`; this file is written
+from their outcomes by `python scripts/bad_inputs_table.py`, and a test fails when it differs from
+what the code gives now. Paths are shown as `<tmp>/` (a scratch directory) and `<repo>/`. Words that
+Python, safetensors or tokenizers put inside a message (in parentheses after "not a readable ... file",
+after "malformed JSON:") are those of the versions that wrote this file and may differ with others.
+
+The rules:
+
+- **Command line** (`inkling-mtp`): one line `inkling-mtp COMMAND: error: ...` that names the flag or
+  file and what would be valid, in the command line's words (`--k 9`, never `num_speculative_tokens=9`),
+  and never a traceback. Exit status **2** when the command line is invalid whatever the checkpoint
+  (a flag's value, flags that contradict each other; argparse prints the usage above the error line),
+  **1** when it cannot run with these files (checkpoint, config, tokenizer, or a prompt, `--k` or
+  `--max-new-tokens` beyond what the checkpoint holds).
+- **API**: a `ValueError` (or its subclasses `ConfigError` and `CheckpointError`) whose message names the
+  argument, field or tensor and what is valid; a tensor of the wrong dtype given to the model is a
+  `TypeError`. Checkpoint errors list every offending tensor, one per line, under one summary line.
+
+Decisions:
+
+- `--top-k`, `--top-p` or `--seed` with `--temperature 0` (greedy, the default) is an error rather than
+  silently ignored: the user asked for sampling and would otherwise not get it.
+- `--prompt-ids` does not need the tokenizer: an unreadable `tokenizer.json` is then a warning and the
+  continuation is printed as token ids. `--prompt TEXT` needs it, so there it is an error.
+- A config key that is not an Inkling field is an error only where it looks like a misspelling of a field
+  the file leaves out (closest spelling by `difflib`, ratio >= 0.8); other keys belong to transformers or
+  to the other towers and are ignored.
+- Every weight is checked to be finite as it loads, and again after the cast to the requested dtype.
+  Corrupted bytes are caught where they decode to NaN or infinity (random bytes do within a few hundred
+  values); a corruption that decodes only to finite numbers cannot be told from a weight by its value.
+
+"""
+
+
+# Text that comes from Python, safetensors or tokenizers inside our messages, and may change with their
+# versions: the table test compares the table with these parts masked.
+LIBRARY_TEXT = [re.compile(p) for p in (
+    r"(not a readable safetensors file) \([^`]*\)",
+    r"(is not a readable tokenizer file) \([^`]*?\);",
+    r"(malformed JSON): [^`]*",
+    r"(invalid choice: 'float16') \([^`]*\)",
+)]
+
+
+def masked(table: str) -> str:
+    for p in LIBRARY_TEXT:
+        table = p.sub(r"\1 ...", table)
+    return table
+
+
+def render(results: list[tuple[Case, Outcome]]) -> str:
+    rows = ["| # | area | bad input | outcome | what the user reads |", "|---|---|---|---|---|"]
+    for i, (case, out) in enumerate(results, 1):
+        rows.append(f"| {i} | {case.area} | {case.given.replace('|', chr(92) + '|')} | {out.kind} | "
+                    f"{_cell(shown(out))} |")
+    return HEADER + "\n".join(rows) + "\n"
