@@ -44,7 +44,7 @@ import torch
 from inkling_ref import InklingModel, load_checkpoint
 from inkling_ref.generation import (AcceptanceStats, CycleRecord, GenerationResult, Uniforms, normalize_prompts,
                                     sequence_seed)
-from inkling_ref.sampling import SamplingParams
+from inkling_ref.sampling import DRAFT_SAMPLING, SamplingParams, draft_params
 
 from . import forward, weights
 from .caches import LayerCache, SlotState
@@ -60,8 +60,9 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class DecodeMode:
-    """How tokens are chosen (a graph is captured per mode): greedy, or sampling with `params`
-    and greedy or sampled drafts."""
+    """How tokens are chosen (a graph is captured per mode): greedy, or sampling with `params` and
+    drafts chosen by `draft_sampling` (inkling_ref.sampling.DRAFT_SAMPLING: greedy, sampled from the
+    target's filtered distribution, or sampled at the temperature only, as vLLM drafts)."""
     params: SamplingParams = SamplingParams()
     draft_sampling: str = "greedy"
 
@@ -71,7 +72,12 @@ class DecodeMode:
 
     @property
     def sampled_drafts(self) -> bool:
-        return not self.greedy and self.draft_sampling == "sample"
+        return not self.greedy and self.draft_sampling != "greedy"
+
+    @property
+    def draft_params(self) -> SamplingParams:
+        """The draft distribution q: what sampled drafts are drawn from and rejection sampling divides by."""
+        return draft_params(self.params, self.draft_sampling)
 
 
 @dataclass
@@ -207,7 +213,7 @@ class Engine:
             h = forward.depth_forward(self.W, m, self.depth_caches[m], h, ids, batch.slot, pos)
             last = h[:, -1]                                                      # row p = n-2
             if mode.sampled_drafts:
-                q_m = sampling_probs(forward.logits(self.W, last), mode.params)  # [B, V]
+                q_m = sampling_probs(forward.logits(self.W, last), mode.draft_params)  # [B, V]
                 d = sample_tokens(q_m, batch.uniforms[:, m])
                 q.append(q_m)
             else:
@@ -359,8 +365,8 @@ class Engine:
         if not isinstance(k, int) or not 0 <= k <= self.k:
             raise ValueError(f"num_speculative_tokens={k} is beyond this engine's {self.k} loaded MTP depths "
                              f"(built with num_speculative_tokens={self.k})")
-        if draft_sampling not in ("greedy", "sample"):
-            raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {draft_sampling!r}")
+        if draft_sampling not in DRAFT_SAMPLING:
+            raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty: at least one token is needed")

@@ -5,7 +5,7 @@ different lengths and different accept counts gives every sequence exactly what 
 
 Randomness: with `seed`, sequence i draws its uniforms from its own generator seeded with
 `sequence_seed(seed, i)`, in this order: one for the token sampled at prefill, then per cycle
-k_eff for sampled drafts (only with draft_sampling="sample"), k_eff for the acceptance tests and
+k_eff for sampled drafts (draft_sampling "sample" or "temperature"), k_eff for the acceptance tests and
 one for the correction/bonus token. Temperature 0 draws nothing.
 
 Statistics (docs/spec/mtp-cycle.md §6): a cycle is one verify pass with a accepted drafts;
@@ -23,7 +23,7 @@ import torch
 
 from . import speculative as S
 from .model import InklingModel
-from .sampling import SamplingParams, probs, rejection_sample, sample
+from .sampling import DRAFT_SAMPLING, SamplingParams, draft_params, probs, rejection_sample, sample
 
 
 @dataclass
@@ -110,8 +110,8 @@ def validate(model: InklingModel, prompts: list[list[int]], max_new_tokens: int,
     if k < 0 or k > model.num_mtp_depths:
         raise ValueError(f"num_speculative_tokens={k} needs {k} MTP depths; the model has "
                          f"{model.num_mtp_depths} loaded")
-    if draft_sampling not in ("greedy", "sample"):
-        raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {draft_sampling!r}")
+    if draft_sampling not in DRAFT_SAMPLING:
+        raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty: at least one token is needed")
@@ -132,6 +132,7 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k:
     def pick(logits, u):
         return int(logits.argmax()) if params.greedy else sample(probs(logits, params), u)
 
+    q_params = draft_params(params, draft_sampling)      # what drafts are drawn from, and q in rejection sampling
     first_u = uniforms(1)[0] if not params.greedy else 0.0
     state = S.prefill(model, prompt, select_first=lambda m, logits, pos: pick(logits, first_u))
     out = [state.tokens[-1]]
@@ -140,10 +141,10 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k:
     while len(out) < max_new_tokens and out[-1] != eos_token_id:
         remaining = max_new_tokens - len(out)
         k_eff = min(k, remaining - 1, max_len - state.n)  # verify writes positions n-1 .. n-1+k_eff
-        sampled_drafts = draft_sampling == "sample" and not params.greedy
+        sampled_drafts = draft_sampling != "greedy" and not params.greedy
         u_draft = uniforms(k_eff) if sampled_drafts else [0.0] * k_eff
         if sampled_drafts:
-            select = lambda m, logits, pos: sample(probs(logits, params), u_draft[m])  # noqa: E731
+            select = lambda m, logits, pos: sample(probs(logits, q_params), u_draft[m])  # noqa: E731
         else:
             select = S.greedy_select
         d = S.draft(model, state, k_eff, select)
@@ -152,7 +153,7 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k:
             a, b = S.accept_greedy(d.tokens, v.logits)
         else:
             p = probs(v.logits, params)                                           # [k+1, V]
-            q = probs(d.logits, params if sampled_drafts else SamplingParams())   # [k, V]; one-hot if greedy
+            q = probs(d.logits, q_params)                                         # [k, V]; one-hot if greedy
             u_acc = uniforms(k_eff)
             a, b = rejection_sample(p, q, d.tokens, u_acc, uniforms(1)[0])
         S.commit(state, d.tokens, a, b, v)
@@ -171,7 +172,10 @@ def generate(model: InklingModel, prompt_ids, max_new_tokens: int, num_speculati
              draft_sampling: str = "greedy", seed: int | None = None,
              eos_token_id: int | None = None) -> GenerationResult:
     """Decode `max_new_tokens` new tokens for each prompt with k = num_speculative_tokens drafts
-    per cycle (k = 0: plain decoding). `prompt_ids`: a list of ints or a list of lists."""
+    per cycle (k = 0: plain decoding). `prompt_ids`: a list of ints or a list of lists.
+    draft_sampling (temperature > 0 only): "greedy" drafts (one-hot q), "sample" (drafts from the
+    target's filtered distribution) or "temperature" (from softmax(logits / T) only, as vLLM drafts);
+    every choice is lossless (inkling_ref.sampling)."""
     prompts = normalize_prompts(prompt_ids)
     params = SamplingParams(temperature, top_k, top_p)
     validate(model, prompts, max_new_tokens, num_speculative_tokens, draft_sampling)
