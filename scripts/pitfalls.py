@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -190,6 +191,27 @@ def write_markdown(out: Path, r: dict) -> None:
             s = r["pitfalls"][p.mistake]["k"][str(k)]
             lines.append(f"| {p.mistake} | {pct(s['per_position'])} | {s['cycles']} |")
         lines.append("")
+    cfg = json.loads((CHECKPOINT / "config.json").read_text())["text_config"]
+    last = r["prompt_len"] + r["new_tokens"]               # positions 0 .. last-1
+    tau = 1 + cfg["log_scaling_alpha"] * math.log(max(1.0, last / cfg["log_scaling_n_floor"]))
+    lines += [
+        "## Reading the table", "",
+        "* Greedy acceptance depends only on the argmax of each depth's logits. Dividing H by mup before "
+        "the depth's `hidden_norm` changes nothing but the eps term (RMSNorm is scale-invariant). The trunk's "
+        "final norm on a depth's output multiplies it by a per-channel weight, near uniform on this checkpoint "
+        "(notebook 02 §5 prints its spread), so few argmaxes move. With sampled drafts such a rescaling changes "
+        "q as another temperature would; this table does not measure that.",
+        "* The two single-norm rows drop one per-channel weight, the trunk's `embed_norm` or the depth's, and "
+        "both are near uniform here (notebook 02 §5). The architecture spec (§2) reports that on the real model "
+        "a single-normed or raw embedding drops depth-0 acceptance from about 0.85 to 0.70: this small checkpoint "
+        "understates the cost.",
+        f"* Log-tau: this checkpoint has n_floor = {cfg['log_scaling_n_floor']} (the real model 128 000), so over "
+        f"positions up to {last - 1} tau reaches at most {tau:.3f} in the global depths. On the real model tau = 1 below "
+        "128 000 positions, where the two choices agree exactly.",
+        "* Mistakes in the chain of history (depths 1..k-1 without history, depth 0's module for every step) "
+        "keep depth 0's acceptance and lose the deep positions; stale rows and unrolled conv states cost little "
+        "at j = 1 and more at the deep positions; the concatenation order and the token slot leave nothing to "
+        "accept at any depth.", ""]
     d = r["draft_distribution"]
     lines += [
         "## Draft distributions under sampling", "",

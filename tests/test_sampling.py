@@ -173,6 +173,7 @@ Q_MUTANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k,n_tokens", [(1, 2), (2, 3)])
 def test_distribution_preserved_with_temperature_drafts(k, n_tokens):
     """1500 seeded runs with top-k and top-p set: the first emitted tokens follow the trunk's exact
@@ -186,6 +187,7 @@ def test_distribution_preserved_with_temperature_drafts(k, n_tokens):
     assert 0.05 < want < 0.95
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutant", list(Q_MUTANTS))
 def test_temperature_drafts_check_catches_mutant(mutant, tmp_path):
     torch.set_num_threads(1)
