@@ -11,7 +11,7 @@ input set (relative L2 <= 1e-2, in the note), then times both as CUDA-graph repl
 
     python benchmarks/kernels.py attention                        # on the GPU
     INKLING_ATTN_CASES=long python benchmarks/kernels.py attention   # only contexts >= 8k (29 cases)
-    INKLING_BENCH_DRY_RUN=1 python benchmarks/bench_attention.py   # CPU: build every case, run tiny ones
+    python benchmarks/bench_attention.py --dry                    # CPU: build every case, run tiny ones
 """
 
 from __future__ import annotations
@@ -23,18 +23,12 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-for p in (str(HERE), str(HERE.parent)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-if __name__ == "__main__" and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")   # the dry run on a CPU machine
-
-import harness  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (first: see its header)
 from inkling_fast.kernels.attention_decode import (attention_decode, attention_decode_torch,  # noqa: E402
                                                    choose_num_splits, sm_count)
 from inkling_fast.kernels.attention_prep import attention_prep, attention_prep_torch  # noqa: E402
+from inkling_ref.testing import rel_l2  # noqa: E402
 
 SECTION = "Attention: decode and windows over the KV cache (Inkling-Small 32/8 heads, hd 128, bf16)"
 NH, NKV, HD, D_REL, KSIZE = 32, 8, 128, 16, 4
@@ -57,7 +51,7 @@ class Case:
 
 
 def cases() -> list[Case]:
-    if os.environ.get("INKLING_ATTN_CASES") == "long":   # the issue's target only: contexts >= 8k
+    if os.environ.get("INKLING_ATTN_CASES") == "long":   # long contexts only (>= 8k)
         return ([Case("attention", "global", T, B, ctx) for T in (1, 5, 9) for B in (1, 4, 32)
                  for ctx in (8192, 16384, 32768)] + [Case("attention", "sliding", 1, B, 32768) for B in (1, 32)])
     out = [Case("attention", "global", T, B, ctx)
@@ -146,9 +140,7 @@ def compare(c: Case, kernel, twin, inputs) -> float:
         a, b = kernel(t, {k: x.clone() for k, x in s.items()}).q, twin(t, {k: x.clone() for k, x in s.items()}).q
     else:
         a, b = kernel(*inputs), twin(*inputs)
-    if not bool(torch.isfinite(a).all()):
-        return float("inf")
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    return rel_l2(a, b)
 
 
 def run(ctx: harness.Context) -> list[harness.Row]:
@@ -196,8 +188,10 @@ def dry_run(limit: int | None = None, scale: int = 256, device: str | None = Non
     return rows
 
 
-if __name__ == "__main__":
-    if os.environ.get("INKLING_BENCH_DRY_RUN") != "1":
-        raise SystemExit("run through `python benchmarks/kernels.py attention`, or set INKLING_BENCH_DRY_RUN=1")
+def print_dry_run() -> None:
     for r in dry_run(limit=int(os.environ.get("INKLING_BENCH_DRY_LIMIT", "4"))):
         print(f"{r.kernel:10s} {r.case:32s} floor {r.bytes:>14,d} B  {r.note}")
+
+
+if __name__ == "__main__":
+    harness.main("attention", print_dry_run)

@@ -3,7 +3,7 @@ the obvious torch path `logits = h @ W[:V_out].T; argmax` (a cuBLAS GEMM writing
 torch.argmax), at the real vocabulary (V = 201024 rows, V_out = 200058) and the hidden sizes of
 Inkling-Small (H 4096) and Inkling (H 6144), T = 1..64 token rows (draft and verify windows).
 
-    python benchmarks/kernels.py lm_head          # H200: times, writes docs/benchmarks/kernels.md
+    python benchmarks/kernels.py lm_head          # GPU: times, writes docs/benchmarks/kernels.md
     python benchmarks/bench_lm_head.py --dry      # CPU: tiny sizes through the interpreter, no timing
     INKLING_BENCH_DRY=1 python benchmarks/bench_lm_head.py    # the same
 
@@ -11,24 +11,20 @@ Floor bytes: W[:V_out] read once (V_out * H * 2) + h (T * H * 2) + ids and value
 arithmetic (2 * T * V_out * H, <= 0.16 PFLOP at T = 64) stays far under the time of those bytes.
 Both paths are timed as CUDA-graph replays (harness.bench_graph); W (1.6 / 2.5 GB) is far larger than
 the L2, so every call reads it from memory. The 'torch twin' column is the GEMM + argmax path.
-Targets (issue "Fast path III"): >= 85% of the floor at T = 1, faster than GEMM + argmax at every T.
+Design goals: >= 85% of the floor at T = 1, faster than GEMM + argmax at every T.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-import harness  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (first: see its header)
 from inkling_fast.kernels.lm_head_argmax import lm_head_argmax, lm_head_argmax_torch  # noqa: E402
+from inkling_ref.testing import rel_l2  # noqa: E402
 
 SECTION = "LM-head argmax without logits vs GEMM + argmax (bf16, V = 201024, V_out = 200058)"
 V, V_OUT = 201024, 200058
@@ -56,7 +52,7 @@ def check(h: torch.Tensor, W: torch.Tensor, V_out: int) -> int:
     tol = 1e-5 * h.float().norm(dim=1) * W[:V_out].float().norm(dim=1).max()
     if not ((got >= twin_vals * MUP - tol).all() and (ids < V_out).all()):
         raise RuntimeError(f"lm_head_argmax picked a non-maximal id: {ids.tolist()} vs {twin_ids.tolist()}")
-    err = ((vals.double() - twin_vals.double()).norm() / twin_vals.double().norm()).item()
+    err = rel_l2(vals, twin_vals)
     if not err <= 1e-5:
         raise RuntimeError(f"lm_head_argmax values differ from the twin: relative L2 {err:.2e}")
     return int((gemm_argmax(h, W, V_out) != ids).sum())
@@ -102,7 +98,4 @@ def dry_run() -> None:
 
 
 if __name__ == "__main__":
-    if "--dry" in sys.argv[1:] or os.environ.get("INKLING_BENCH_DRY", "0") not in ("", "0"):
-        dry_run()
-    else:
-        raise SystemExit("time with `python benchmarks/kernels.py lm_head`; `--dry` checks the cases on CPU")
+    harness.main("lm_head", dry_run)

@@ -4,7 +4,7 @@ pass per touched expert over its tokens) and against the floor of the distinct e
 256 routed experts, top-6, 2 shared, route_scale 8, for the expert widths of Inkling-Small (H 4096,
 Fm 2048) and Inkling (H 6144, Fm 3072), N = 1..64 tokens, realistic routing from a random router.
 
-    python benchmarks/kernels.py moe              # H200: times, writes docs/benchmarks/kernels.md
+    python benchmarks/kernels.py moe              # GPU: times, writes docs/benchmarks/kernels.md
     python benchmarks/bench_moe.py --dry          # CPU: tiny sizes through the interpreter, no timing
     INKLING_BENCH_DRY=1 python benchmarks/bench_moe.py       # the same
 
@@ -15,25 +15,21 @@ Floor bytes (per input set, averaged over the rotated sets):
 with D = the number of distinct routed experts the set's tokens select (about 256 * (1 - (1 - 6/256)^N):
 6 at N = 1, 23 at N = 4, 199 at N = 64). The kernel is timed as CUDA-graph replays (the engine captures
 it); the grouped torch path synchronizes with the host (it lists the touched experts), so it is timed
-directly. Target (issue "Fast path III"): within 1.5x of the floor (>= 67% of copy bandwidth) at N >= 4.
+directly. Design goal: within 1.5x of the floor (>= 67% of copy bandwidth) at N >= 4.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-import harness  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (first: see its header)
 from inkling_fast.kernels.moe import moe, moe_experts_torch, moe_torch  # noqa: E402
 from inkling_fast.kernels.moe_router import moe_route, moe_route_torch  # noqa: E402
+from inkling_ref.testing import rel_l2  # noqa: E402
 
 SECTION = "Small-batch MoE vs grouped torch and the distinct-expert floor (bf16, 256 experts top-6 + 2 shared)"
 WIDTHS = {"Inkling-Small": (4096, 2048), "Inkling": (6144, 3072)}
@@ -45,9 +41,9 @@ E = 2  # bytes per bf16
 def layer(H: int, F: int, R: int, S: int, top_k: int, device: str):
     """Random bf16 weights (drawn on the device, slice by slice), a router whose logits have a spread
     like a trained one's (std ~2) and a small selection bias (std 0.005), so that N tokens touch about as
-    many distinct experts as uniform top-6 routing, as a load-balanced trained router does (a bias of std
-    0.2, used for the table of 2026-12-02, dominates the saturated sigmoid scores and sends the tokens to
-    a few experts: 47 distinct at N = 64 instead of about 200); in the order `moe` takes them."""
+    many distinct experts as uniform top-6 routing, as a load-balanced trained router does (a large
+    bias, e.g. std 0.2, would dominate the saturated sigmoid scores and send the tokens to a few
+    experts, a much smaller floor); in the order `moe` takes them."""
     g = torch.Generator(device=device).manual_seed(H + F)
 
     def r(*shape, std):
@@ -81,7 +77,7 @@ def check(x: torch.Tensor, lyr) -> float:
     y = moe(x, *lyr)
     chosen, weights = moe_route(x, *lyr[:5])
     want = moe_experts_torch(x, chosen.long(), weights, *lyr[5:])
-    err = ((y.double() - want.double()).norm() / want.double().norm()).item()
+    err = rel_l2(y, want)
     if not err <= 1e-2:
         raise RuntimeError(f"moe and the grouped torch experts disagree: relative L2 {err:.2e}")
     return err
@@ -129,7 +125,4 @@ def dry_run() -> None:
 
 
 if __name__ == "__main__":
-    if "--dry" in sys.argv[1:] or os.environ.get("INKLING_BENCH_DRY", "0") not in ("", "0"):
-        dry_run()
-    else:
-        raise SystemExit("time with `python benchmarks/kernels.py moe`; `--dry` checks the cases on CPU")
+    harness.main("moe", dry_run)

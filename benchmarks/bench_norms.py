@@ -2,28 +2,23 @@
 (alone, chained with layer 0's attn_norm, the MTP double norm), RMSNorm, residual add + RMSNorm, and the
 MTP input fusion, each against its torch twin.
 
-    python benchmarks/kernels.py norms          # H200: times, writes docs/benchmarks/kernels.md
+    python benchmarks/kernels.py norms          # GPU: times, writes docs/benchmarks/kernels.md
     python benchmarks/bench_norms.py --dry      # CPU: small sizes through the interpreter, no timing
 
 Byte floors (bf16 = 2 bytes, int32 ids = 4 bytes), written next to each case below.
-Every case is timed through CUDA-graph replays (device time: the wrapper's host work, ~20-40 µs per
-call, would otherwise hide kernels of under ~50 µs and make the timings noisy).
+Every case is timed through CUDA-graph replays (device time: the wrapper's host work would otherwise
+hide kernels of a few microseconds and make the timings noisy).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-import harness  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (first: see its header)
 from harness import Case  # noqa: E402
 from inkling_fast.kernels.embed_norm import embed_norm, embed_norm_torch  # noqa: E402
 from inkling_fast.kernels.mtp_input import mtp_input, mtp_input_torch  # noqa: E402
@@ -103,7 +98,10 @@ def run(ctx: harness.Context) -> list[harness.Row]:
     return harness.run_cases(cases("cuda"))
 
 
-if __name__ == "__main__":
-    if "--dry" not in sys.argv[1:]:
-        raise SystemExit("time with `python benchmarks/kernels.py norms`; `--dry` checks the cases on CPU")
+def dry() -> None:
+    """Every case at small sizes, checked against its twin (no timing)."""
     harness.dry_run(cases("cpu", widths={"tiny": 40, "odd": 72}, rows=(1, 5), vocab=97))
+
+
+if __name__ == "__main__":
+    harness.main("norms", dry)

@@ -1,10 +1,10 @@
-"""Benchmark of the short conv over the conv-input ring (bf16, K = 4, ring R = 8 rows = (K-1) + (k+1)
-for k = 4 speculative tokens), against its torch twin. Channel counts: the K/V streams (nKV * hd =
-8 * 128 and 16 * 128) and the attention/MLP-output streams (H = 4096 Inkling-Small, 6144 Inkling), the
-latter with the fused residual add. Batch x rows: decode (1 x 1, 16 x 1), verify windows of k + 1 = 5 (3 x 5,
-1024 x 5) and a prefill chunk (4 x 4096, which takes the two-launch path since T + K - 1 > R).
+"""Benchmark of the short conv over the conv-input ring (bf16, K = 4) at the engine's shapes, against
+its torch twin: the attention/MLP-output streams (C = H: 4096 Inkling-Small, 6144 Inkling) with the
+fused residual add, on decode steps (B x 1), draft / verify windows of k + 1 rows with the engine's
+ring of R = K + k rows (the conv kernel writes the ring), and a prefill chunk of 256 rows of one
+sequence (T > R: outputs first, then the ring-write launch).
 
-    python benchmarks/kernels.py short_conv          # H200: times, writes docs/benchmarks/kernels.md
+    python benchmarks/kernels.py short_conv          # GPU: times, writes docs/benchmarks/kernels.md
     python benchmarks/bench_short_conv.py --dry      # CPU: small sizes through the interpreter, no timing
 
 Byte floor (E = 2 bytes per bf16 element; every row's history starts in the ring):
@@ -12,36 +12,31 @@ Byte floor (E = 2 bytes per bf16 element; every row's history starts in the ring
     + weights C*K*E + pos 4*B*T + slot 4*B
 Weights are tap-major ([C, K] views of contiguous [K, C] tensors), the layout `inkling_fast.weights`
 gives the output convs. Every case is timed through CUDA-graph replays (device time: the wrapper's
-host work, ~20-40 µs per call, would otherwise hide kernels of under ~50 µs and make the timings
-noisy).
+host work would otherwise hide kernels of a few microseconds).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-import harness  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (first: see its header)
 from harness import Case  # noqa: E402
 from inkling_fast.kernels.short_conv import short_conv, short_conv_torch  # noqa: E402
 
-SECTION = "Short conv over the conv-input ring (bf16, K=4, R=8)"
+SECTION = "Short conv over the conv-input ring (bf16, K=4)"
 E = 2
-K, R = 4, 8
-STREAMS = {"kv 8x128": (1024, False), "kv 16x128": (2048, False),      # (C, fused residual add)
-           "Small H": (4096, True), "Inkling H": (6144, True)}
-SHAPES = ((1, 1), (16, 1), (3, 5), (1024, 5), (4, 4096))                 # (B, T)
+K = 4
+STREAMS = {"Small H": (4096, True), "Inkling H": (6144, True)}           # (C, fused residual add)
+# (B, T, R): decode steps (k = 0: R = K), windows of k + 1 = 5 and 9 rows (R = K + k), a prefill
+# chunk of 256 rows (R = K + 4)
+SHAPES = ((1, 1, 4), (32, 1, 4), (64, 1, 4), (1, 5, 8), (32, 5, 8), (64, 9, 12), (1, 256, 8))
 
 
-def floor_bytes(B: int, T: int, C: int, residual: bool) -> int:
+def floor_bytes(B: int, T: int, R: int, C: int, residual: bool) -> int:
     rows = B * T * C * E
     return (rows * (3 if residual else 2) + B * (K - 1) * C * E + B * min(T, R) * C * E
             + C * K * E + 4 * B * T + 4 * B)
@@ -50,7 +45,7 @@ def floor_bytes(B: int, T: int, C: int, residual: bool) -> int:
 def cases(device: str, streams=STREAMS, shapes=SHAPES) -> list[Case]:
     dt = torch.bfloat16
 
-    def make(B, T, C, residual):
+    def make(B, T, R, C, residual):
         start = torch.randint(K - 1, 4096, (B, 1))
         pos = (start + torch.arange(T)).to(torch.int32).to(device)
         return (torch.randn(B, T, C, dtype=dt, device=device),
@@ -62,11 +57,11 @@ def cases(device: str, streams=STREAMS, shapes=SHAPES) -> list[Case]:
 
     out = []
     for name, (C, residual) in streams.items():
-        for B, T in shapes:
-            label = f"{name} C={C} B={B} T={T}" + (" +residual" if residual else "")
+        for B, T, R in shapes:
+            label = f"{name} C={C} B={B} T={T} R={R}" + (" +residual" if residual else "")
             out.append(Case(
-                "short_conv", label, floor_bytes(B, T, C, residual),
-                make=lambda B=B, T=T, C=C, residual=residual: make(B, T, C, residual),
+                "short_conv", label, floor_bytes(B, T, R, C, residual),
+                make=lambda B=B, T=T, R=R, C=C, residual=residual: make(B, T, R, C, residual),
                 fn=lambda x, ring, w, slot, pos, res, o: short_conv(x, ring, w, slot, pos, residual=res, out=o,
                                                                     check=False),
                 twin=lambda x, ring, w, slot, pos, res, o: short_conv_torch(x, ring, w, slot, pos, residual=res),
@@ -78,8 +73,11 @@ def run(ctx: harness.Context) -> list[harness.Row]:
     return harness.run_cases(cases("cuda"))
 
 
+def dry() -> None:
+    """Every case at small sizes, checked against its twin (no timing)."""
+    harness.dry_run(cases("cpu", streams={"tiny": (37, False), "H tiny": (300, True)},
+                          shapes=((1, 1, 4), (3, 4, 7), (2, 19, 8))))
+
+
 if __name__ == "__main__":
-    if "--dry" not in sys.argv[1:]:
-        raise SystemExit("time with `python benchmarks/kernels.py short_conv`; `--dry` checks the cases on CPU")
-    harness.dry_run(cases("cpu", streams={"kv tiny": (37, False), "H tiny": (300, True)},
-                          shapes=((1, 1), (3, 4), (2, 19))))
+    harness.main("short_conv", dry)

@@ -1,7 +1,7 @@
 """Benchmark of SwiGLU on interleaved w13 output (bf16), with and without the fused global_scale, at the
 dense MLP widths of Inkling-Small (F 16384) and Inkling (F 24576), against its torch twin.
 
-    python benchmarks/kernels.py swiglu          # H200: times, writes docs/benchmarks/kernels.md
+    python benchmarks/kernels.py swiglu          # GPU: times, writes docs/benchmarks/kernels.md
     python benchmarks/bench_swiglu.py --dry      # CPU: small sizes through the interpreter, no timing
 
 Byte floor: gu read N*2F*E + y written N*F*E (+ the scale, 2 bytes), E = 2 (bf16).
@@ -10,18 +10,13 @@ Rows <= 16 (decode) are timed through CUDA-graph replays; larger row counts are 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-import harness  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (first: see its header)
 from harness import Case  # noqa: E402
 from inkling_fast.kernels.swiglu import swiglu, swiglu_torch  # noqa: E402
 
@@ -56,7 +51,10 @@ def run(ctx: harness.Context) -> list[harness.Row]:
     return harness.run_cases(cases("cuda"))
 
 
-if __name__ == "__main__":
-    if "--dry" not in sys.argv[1:]:
-        raise SystemExit("time with `python benchmarks/kernels.py swiglu`; `--dry` checks the cases on CPU")
+def dry() -> None:
+    """Every case at small sizes, checked against its twin (no timing)."""
     harness.dry_run(cases("cpu", widths={"tiny": 37, "wide": 1500}, rows=(1, 5)))
+
+
+if __name__ == "__main__":
+    harness.main("swiglu", dry)

@@ -1,6 +1,6 @@
 """Engine benchmarks (a script, not a test): writes docs/benchmarks/engine.{json,md} and its plots.
 
-    python benchmarks/engine.py                    # H200: every section (about 5 minutes)
+    python benchmarks/engine.py                    # GPU: every section
     python benchmarks/engine.py demo head          # only some sections (the JSON keeps the others)
     python benchmarks/engine.py --dry              # CPU, TRITON_INTERPRET=1: tiny sizes, no timing
     python benchmarks/engine.py --report           # rewrite engine.md and the plots from engine.json
@@ -17,7 +17,7 @@ inkling_fast.cost_model reads):
           realistic routing, sliding + dense) and the LM head, at T = 1..9 tokens per sequence and
           batch 1..64: the per-layer costs of the cost model.
 
-Method (device/METHOD.md): CUDA-graph replay timed with `triton.testing.do_bench` (warm-up, CUDA
+Method: CUDA-graph replay timed with `triton.testing.do_bench` (warm-up, CUDA
 events, median); the weights read per call (>= 0.5 GB) are far beyond the 60 MB L2, except the demo
 checkpoint's (24 MB), which is what a model that small gets. Floors use the device-to-device copy
 bandwidth measured in the same run. End-to-end runs are wall-clock times of whole `generate` calls
@@ -426,7 +426,7 @@ def run_layers(res: dict) -> None:
 
 # ============================================================================ report
 def write_markdown(res: dict, path: Path) -> None:
-    L = ["# Engine benchmarks (H200)", "",
+    L = ["# Engine benchmarks", "",
          f"GPU: {res['gpu']}; torch {res['torch']}, triton {res['triton']}; date {res['date']}; commit {res['commit']}",
          "", f"Command: `{res['command']}` (writes `docs/benchmarks/engine.json`, this page and its plots).", "",
          f"Measured device-to-device copy bandwidth (bytes read + written): {res['copy_gbps']:.0f} GB/s; floors "

@@ -1,15 +1,16 @@
 """Benchmark harness for the fast-path kernels (a script library, never a test).
 
-Method (tool library `device/METHOD.md`): warm-up, CUDA-event timing through
+Method: warm-up, CUDA-event timing through
 `triton.testing.do_bench`, median of many runs, input sets rotated so that together they exceed the
-L2 cache (60 MB on the H200), and every kernel compared in the same run against
+L2 cache (ROTATE_BYTES), and every kernel compared in the same run against
   * its plain vectorized-torch twin (the baseline), and
   * the floor: the bytes it must move over the device-to-device copy bandwidth measured here.
 
-A benchmark module `benchmarks/bench_<name>.py` defines
+A benchmark module `benchmarks/bench_<name>.py` imports this module first, and defines
     SECTION = "Title of its table"
     def run(ctx: Context) -> list[Row]
-and `python benchmarks/kernels.py` runs them all and writes `docs/benchmarks/kernels.md`.
+and `python benchmarks/kernels.py` runs them all and writes `docs/benchmarks/kernels.md`. Run as a
+script, a module only checks its cases at small sizes (`--dry`, see `main`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,23 @@ import datetime
 import itertools
 import os
 import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
+
+# A benchmark module imports this first: on a machine without a GPU its dry run goes through the
+# Triton interpreter, which must be chosen before any kernel module is imported; and the modules
+# import inkling_fast / inkling_ref from the repository root.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from inkling_ref.testing import rel_l2  # noqa: E402
 
 L2_BYTES = 60 * 2**20  # H200 L2 cache (an H100 has 50 MB)
 ROTATE_BYTES = 4 * L2_BYTES  # input sets rotated per benchmark cover at least this many bytes
@@ -156,15 +170,7 @@ def agreement(case: Case, s: tuple) -> float:
     its own copy: kernels may write their inputs, e.g. caches). NaN or inf anywhere gives inf."""
     a, b = case.fn(*_fresh(s)), case.twin(*_fresh(s))
     a, b = (a, b) if isinstance(a, tuple) else ((a,), (b,))
-    err = 0.0
-    for x, y in zip(a, b):
-        if x is None or y is None:
-            continue
-        x, y = x.double(), y.double()
-        if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
-            return float("inf")
-        err = max(err, ((x - y).norm() / y.norm().clamp_min(1e-30)).item())
-    return err
+    return max((rel_l2(x, y) for x, y in zip(a, b) if x is not None and y is not None), default=0.0)
 
 
 def run_cases(cases) -> list[Row]:
@@ -194,3 +200,13 @@ def dry_run(cases) -> None:
         print(f"dry  {case.kernel:>16} {case.case:<40} bytes {case.bytes:>12,}  rel L2 {err:.1e}", flush=True)
         if not err <= case.tol:
             raise SystemExit(f"{case.kernel} [{case.case}]: kernel and twin disagree, relative L2 {err:.2e}")
+
+
+def main(name: str, dry: Callable[[], object]) -> None:
+    """A benchmark module run as a script: with `--dry` (or INKLING_BENCH_DRY=1) `dry()` checks the
+    cases at small sizes on whatever device there is, without timing; timing runs go through
+    `python benchmarks/kernels.py <name>`."""
+    if "--dry" in sys.argv[1:] or os.environ.get("INKLING_BENCH_DRY", "0") not in ("", "0"):
+        dry()
+    else:
+        raise SystemExit(f"time with `python benchmarks/kernels.py {name}`; `--dry` checks the cases on CPU")

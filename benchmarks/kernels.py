@@ -2,7 +2,7 @@
 
     python benchmarks/kernels.py                 # all
     python benchmarks/kernels.py norms swiglu    # only bench_norms.py and bench_swiglu.py
-    python benchmarks/kernels.py --out docs/benchmarks/kernels_h100.md norms   # another file
+    python benchmarks/kernels.py --out /tmp/kernels_other_gpu.md norms   # another file
 
 Each section of kernels.md carries its own provenance line (GPU, torch, date, commit, command, copy
 bandwidth); a run replaces the sections it measured and keeps the others, with their own lines.

@@ -11,7 +11,7 @@ The model (docs/cost_model.md has the assumptions and limits):
     speedup(B, k) = tokens/s(B, k) / tokens/s(B, 0)
 
 Every cost is a measured median of `docs/benchmarks/engine.json` (written by `benchmarks/engine.py`
-on the H200; its format: the `Costs` docstring). Between measured batch sizes (and T / rows) costs
+on a GPU; its format: the `Costs` docstring). Between measured batch sizes (and T / rows) costs
 are interpolated linearly; outside the measured grid the model raises instead of extrapolating.
 
 Also here: the finite-generation correction used to check the model against the demo engine's
@@ -562,3 +562,136 @@ def layer_floor_bytes(kind: str, cfg, batch: int, T: int, context: int, dtype_by
                 + layer_floor_bytes("lm_head_argmax", cfg, batch, T, context, dtype_bytes))
     return (layer_weight_elements(kind, cfg, batch * T) * dtype_bytes
             + kv_bytes(kind.split("_")[0], cfg, batch, T, context, dtype_bytes))
+
+
+# ====================================================================== tree drafts
+
+# A tree cycle (inkling_ref/tree.py, docs/tree_drafts.md) verifies T = nodes + 1 tokens per sequence
+# and runs, in depth m = 0..D-1, the committed window rows plus the tree rows that depth needs, then
+# reads the candidates of the nodes it expands from the LM head:
+#
+#     verify_tree(B, T)  = sum over trunk layers of layer_ms(kind, B, T) + lm_head_argmax_ms(B * T)
+#     draft_tree(B)      = sum_m  block_ms(B, rows_m) + lm_head_argmax_ms(B * heads_m)
+#       rows_m           = (D - m + 1) + tree_rows_m      the window [n-2-D, n-2-m] + the tree rows
+#       block_ms(B, r)   = depth_step_ms(B, r) - lm_head_argmax_ms(B)   (the step without its argmax)
+#     cycle_tree(B)      = verify_tree + draft_tree + accept
+#
+# For a chain (tree_rows_m = m, heads_m = 1) these are t_verify(B, k) and t_draft(B, k) exactly.
+# Tree attention is costed as the dense attention of T queries (the mask and the conv gathers along
+# parent paths are assumed free); top-b candidates as the argmax; accept + commit as a chain's.
+# Beyond the largest measured T (or rows), a layer over B sequences x T tokens is costed as the same
+# number of tokens in sequences of the largest measured length, B * T / T_max sequences of T_max
+# ("token-equivalent"): the same weights and expert reads, more KV reads (each extra sequence reads
+# its own context), so an upper bound where attention matters; outside the measured batches it raises.
+
+TREE_RUN_KEYS = ("name", "kind", "nodes", "depth", "acceptance_length", "draft_tree_rows", "draft_heads")
+
+
+def _token_equivalent(batch: float, T: float, T_max: float) -> tuple[float, float, bool]:
+    """(batch', T', used) with batch' * T' = batch * T and T' <= T_max."""
+    if T <= T_max:
+        return batch, T, False
+    return batch * T / T_max, T_max, True
+
+
+def tree_layer_ms(costs: Costs, kind: str, batch: float, T: float) -> float:
+    """One trunk layer over T tokens per sequence (token-equivalent beyond the measured T)."""
+    if kind not in costs.layer:
+        raise CostModelError(f"layers.rows has no kind '{kind}' (measured: {sorted(costs.layer)})")
+    b, t, _ = _token_equivalent(batch, T, costs.layer[kind].ys[-1])
+    return costs.layer_ms(kind, b, t)
+
+
+def t_verify_tree(costs: Costs, cfg, batch: float, tokens: int) -> float:
+    """ms: every trunk layer over `tokens` (= nodes + 1) per sequence, then the LM-head argmax of all rows."""
+    total = sum(n * tree_layer_ms(costs, kind, batch, tokens) for kind, n in trunk_layer_counts(cfg).items())
+    return total + costs.lm_head_ms(batch * tokens, "lm_head_argmax")
+
+
+def depth_block_ms(costs: Costs, batch: float, rows: float) -> float:
+    """ms: one MTP depth over `rows` rows per sequence without its LM head: the measured depth step less
+    the argmax of B rows it includes (token-equivalent beyond the measured rows)."""
+    b, r, _ = _token_equivalent(batch, rows, costs.depth_step.ys[-1])
+    ms = costs.depth_step_ms(b, r) - costs.lm_head_ms(b, "lm_head_argmax")
+    if ms <= 0:
+        raise CostModelError(f"mtp_head.depth_step at (batch {b:g}, rows {r:g}) = {costs.depth_step_ms(b, r):.4f} ms "
+                             f"is not above the LM-head argmax of its {b:g} rows ({costs.lm_head_ms(b):.4f} ms)")
+    return ms
+
+
+def check_tree_run(run: dict, where: str = "run") -> dict:
+    """A tree (or chain) shape with its measured acceptance, as docs/benchmarks/tree_acceptance.json
+    stores it; the per-depth lists must have `depth` entries."""
+    if not isinstance(run, dict):
+        raise CostModelError(f"{where} must be an object, got {type(run).__name__}")
+    for key in TREE_RUN_KEYS:
+        if key not in run:
+            raise CostModelError(f"{where} lacks '{key}'")
+    D, N = run["depth"], run["nodes"]
+    if not (isinstance(D, int) and isinstance(N, int) and 1 <= D <= N):
+        raise CostModelError(f"{where}: depth {D!r} and nodes {N!r} must be integers with 1 <= depth <= nodes")
+    for key in ("draft_tree_rows", "draft_heads"):
+        v = run[key]
+        if not (isinstance(v, list) and len(v) == D and all(isinstance(x, int) and x >= 0 for x in v)):
+            raise CostModelError(f"{where}.{key} = {v!r}: expected {D} non-negative integers (one per depth)")
+    if any(h < 1 for h in run["draft_heads"]):
+        raise CostModelError(f"{where}.draft_heads = {run['draft_heads']}: every depth expands at least one node")
+    tau = run["acceptance_length"]
+    if not (isinstance(tau, (int, float)) and 1.0 <= tau <= D + 1):
+        raise CostModelError(f"{where}.acceptance_length = {tau!r}: must lie in 1..depth + 1 = {D + 1}")
+    return run
+
+
+def load_tree_acceptance(acceptance: dict) -> list[dict]:
+    """The validated runs of docs/benchmarks/tree_acceptance.json (written by scripts/tree_acceptance.py)."""
+    runs = acceptance.get("runs") if isinstance(acceptance, dict) else None
+    if not isinstance(runs, list) or not runs:
+        raise CostModelError("tree acceptance file lacks a non-empty 'runs' list")
+    return [check_tree_run(r, f"runs[{i}] ({r.get('name', '?') if isinstance(r, dict) else '?'})")
+            for i, r in enumerate(runs)]
+
+
+def tree_cycle_parts(costs: Costs, cfg, batch: float, run: dict) -> dict[str, float]:
+    """{'verify', 'draft', 'accept', 'cycle'} in ms for one cycle of the tree `run` at batch `batch`."""
+    run = check_tree_run(run)
+    D = run["depth"]
+    v = t_verify_tree(costs, cfg, batch, run["nodes"] + 1)
+    d = sum(depth_block_ms(costs, batch, (D - m + 1) + run["draft_tree_rows"][m])
+            + costs.lm_head_ms(batch * run["draft_heads"][m], "lm_head_argmax") for m in range(D))
+    return {"verify": v, "draft": d, "accept": costs.accept_ms, "cycle": v + d + costs.accept_ms}
+
+
+def tree_tokens_per_s(costs: Costs, cfg, batch: float, run: dict) -> float:
+    """B * acceptance length / cycle_tree(B): steady state, every sequence live."""
+    return batch * run["acceptance_length"] / (tree_cycle_parts(costs, cfg, batch, run)["cycle"] * 1e-3)
+
+
+def compare_trees(costs: Costs, cfg, batches, runs: list[dict], kinds=("tree", "grown")) -> list[dict]:
+    """Per batch: the best chain and the best tree among `runs` (chains: kind 'chain'; trees: runs of
+    `kinds` with more nodes than levels, i.e. not themselves a chain), by predicted tokens/s, and the
+    gain of the tree over the chain. Shapes whose costs fall outside the measurements are left out at
+    that batch and listed in 'not_predicted'."""
+    out = []
+    for B in batches:
+        plain = tokens_per_s(costs, cfg, B, 0, [])
+        rated, skipped = [], []
+        for run in runs:
+            if run["kind"] != "chain" and (run["kind"] not in kinds or run["nodes"] == run["depth"]):
+                continue
+            try:
+                rated.append((run, tree_tokens_per_s(costs, cfg, B, run)))
+            except CostModelError:
+                skipped.append(run["name"])
+        chains = [(r, t) for r, t in rated if r["kind"] == "chain"]
+        trees = [(r, t) for r, t in rated if r["kind"] != "chain"]
+        row = dict(batch=B, plain_tokens_per_s=plain, not_predicted=skipped)
+        if chains:
+            c, tc = max(chains, key=lambda x: x[1])
+            row.update(chain=c["name"], chain_tokens_per_s=tc, chain_speedup=tc / plain)
+        if trees:
+            t, tt = max(trees, key=lambda x: x[1])
+            row.update(tree=t["name"], tree_nodes=t["nodes"], tree_tokens_per_s=tt, tree_speedup=tt / plain)
+        if chains and trees:
+            row["tree_gain"] = tt / tc - 1
+        out.append(row)
+    return out

@@ -51,7 +51,7 @@ from .caches import LayerCache, SlotState
 from .kernels.accept import greedy_accept
 from .kernels.moe import MAX_TOKENS
 from .kernels.rejection import rejection_sample
-from .kernels.rms_norm import interpreting
+from .kernels.common import interpreting
 from .kernels.sampling import sample_tokens, sampling_probs
 from .kernels.uniforms import philox_uniforms
 

@@ -29,12 +29,19 @@ from .kernels.attention_prefill import attention_prefill
 from .kernels.attention_prep import attention_prep
 from .kernels.embed_norm import embed_norm
 from .kernels.lm_head_argmax import lm_head_argmax
+from .kernels.lm_head_rows import lm_head_rows
 from .kernels.moe import MAX_TOKENS, moe
+from .kernels.moe_grouped import moe_grouped
 from .kernels.mtp_input import mtp_input
 from .kernels.rms_norm import rms_norm
 from .kernels.short_conv import short_conv
 from .kernels.swiglu import swiglu
 from .weights import BlockWeights, DenseWeights, ModelWeights, MoEWeights
+
+# Few-token kernels below these sizes, many-token designs from them on (both give the same results up to
+# float32 summation order; tests force each path by setting these).
+MANY_TOKENS = 64      # MoE: `moe` (one program per touched expert, <= 256 tokens) below, `moe_grouped` from here
+MANY_ROWS = 65        # greedy LM head: `lm_head_argmax` (streams W once per 64 rows) below, `lm_head_rows` from here
 
 
 def block_forward(w: BlockWeights, cache: LayerCache, h: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
@@ -58,16 +65,15 @@ def block_forward(w: BlockWeights, cache: LayerCache, h: torch.Tensor, slot: tor
 
 
 def mlp_forward(w: DenseWeights | MoEWeights, x: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, H] -> [B, T, H]. Dense: (silu(g) * u * global_scale) @ W2^T. MoE: the small-batch
-    kernels over chunks of at most 256 tokens (the MoE is per token: chunks are independent)."""
+    """x: [B, T, H] -> [B, T, H]. Dense: (silu(g) * u * global_scale) @ W2^T. MoE over the N = B * T
+    tokens: the few-token kernels (`moe`) for N < MANY_TOKENS, the grouped GEMM (`moe_grouped`, any N)
+    from MANY_TOKENS or past `moe`'s limit of 256 tokens on."""
     if isinstance(w, DenseWeights):
         return F.linear(swiglu(F.linear(x, w.w13), w.global_scale), w.w2)
     flat = x.reshape(-1, x.shape[-1])
-    out = torch.empty_like(flat)
-    for c0 in range(0, flat.shape[0], MAX_TOKENS):
-        c1 = min(c0 + MAX_TOKENS, flat.shape[0])
-        moe(flat[c0:c1], w.router, w.router_bias, w.gate_global_scale, w.route_scale, w.top_k, w.w13, w.w2,
-            w.shared_w13, w.shared_w2, out=out[c0:c1])
+    many = flat.shape[0] >= MANY_TOKENS or flat.shape[0] > MAX_TOKENS
+    out = (moe_grouped if many else moe)(flat, w.router, w.router_bias, w.gate_global_scale, w.route_scale, w.top_k,
+                                         w.w13, w.w2, w.shared_w13, w.shared_w2)
     return out.view(x.shape)
 
 
@@ -93,8 +99,10 @@ def depth_forward(W: ModelWeights, m: int, cache: LayerCache, h_prev: torch.Tens
 
 
 def greedy_tokens(W: ModelWeights, h: torch.Tensor) -> torch.Tensor:
-    """h: [N, H] -> argmax over the unpadded vocabulary of h @ W_unembed^T (ties to the lowest id): int64 [N]."""
-    return lm_head_argmax(h.contiguous(), W.unembed, W.vocab_out, W.mup)[0]
+    """h: [N, H] -> argmax over the unpadded vocabulary of h @ W_unembed^T (float32 dot products, ties to the
+    lowest id): int64 [N]. `lm_head_argmax` for N < MANY_ROWS, `lm_head_rows` (the same contract) from there."""
+    head = lm_head_rows if h.shape[0] >= MANY_ROWS else lm_head_argmax
+    return head(h.contiguous(), W.unembed, W.vocab_out, W.mup)[0]
 
 
 def logits(W: ModelWeights, h: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ What changes from the reference's modules (nothing else does):
   block runs one GEMM for all four (their outputs are column slices of one [B, T, width] tensor).
 * short-conv weights [C, 1, K] become [C, K]; those of the attention- and MLP-output convs are stored
   tap-major (a [C, K] view of a contiguous [K, C] tensor: the short-conv kernel then reads each tap's
-  C weights as one vector: about 6 % faster verify windows at H = 4096 / 6144, docs/benchmarks/tuning.md).
+  C weights as one vector load instead of C strided ones).
 * the MoE router bias stays float32 (it only selects experts; a bf16 copy would change which).
 
 The model itself is never modified: tensors are copied when the dtype or device differs (and the

@@ -9,6 +9,11 @@ For a query at position i and a key at position j (d = i - j >= 0), per head h:
 The scale is 1/hd (not 1/sqrt(hd)): q and k are RMS-normalized per head. Sliding layers see the
 last `window` keys including the query's own position and use E = window; global layers see every
 earlier key and use E = rel_extent. Query heads share KV heads in groups of nH / nKV (GQA).
+
+Draft trees (`parents`, inkling_ref/tree_paths.py): the new rows sit at positions start + level,
+each sees the cached keys and its own ancestors among the new rows (never a sibling's branch), and
+the K/V short convs read along the row's path. Positions, distances and windows are otherwise the
+same formulas.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .cache import LayerCache, append
 from .config import SLIDING, InklingConfig
 from .conv import ShortConv
 from .norm import RMSNorm, compute_dtype
+from .tree_paths import ancestor_mask, path_levels
 
 
 def relative_bias(rel_logits: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -65,10 +71,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         self.rel_proj = nn.Parameter(torch.zeros(config.d_rel, self.extent))  # P: [d_rel, E]
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None,
+                parents: torch.Tensor | None = None) -> torch.Tensor:
         """x: [B, T, H] at positions start..start+T-1 (start = cache length, 0 without cache) -> [B, T, H].
 
-        With a cache, the new K/V rows and conv inputs are appended to it."""
+        With a cache, the new K/V rows and conv inputs are appended to it (in row order).
+        parents: [T] (optional) the new rows form a tree: row t follows row parents[t] (-1: the last
+        cached position), sits at position start + level[t] and attends to the cached keys and to its
+        ancestors among the new rows."""
         B, T, _ = x.shape
         start = cache.length if cache is not None else 0
         hd = self.head_dim
@@ -76,8 +86,8 @@ class Attention(nn.Module):
         q = self.q_proj(x)
         k_in, v_in = self.k_proj(x), self.v_proj(x)
         r = self.r_proj(x)
-        k = self.k_conv(k_in, past=cache.k_conv_in if cache is not None else None)
-        v = self.v_conv(v_in, past=cache.v_conv_in if cache is not None else None)
+        k = self.k_conv(k_in, past=cache.k_conv_in if cache is not None else None, parents=parents)
+        v = self.v_conv(v_in, past=cache.v_conv_in if cache is not None else None, parents=parents)
 
         q = self.q_norm(rearrange(q, "b t (h d) -> b h t d", d=hd))
         k = self.k_norm(rearrange(k, "b t (g d) -> b g t d", d=hd))
@@ -92,8 +102,12 @@ class Attention(nn.Module):
             k, v = cache.keys, cache.values
 
         dt = compute_dtype(x)
-        q_pos = torch.arange(start, start + T, device=x.device)
-        k_pos = torch.arange(0, start + T, device=x.device)
+        if parents is None:
+            q_pos = torch.arange(start, start + T, device=x.device)
+            k_pos = torch.arange(0, start + T, device=x.device)
+        else:  # tree rows: position = start + level; keys = the cached positions, then the new rows'
+            q_pos = start + path_levels(parents)
+            k_pos = torch.cat([torch.arange(0, start, device=x.device), q_pos])
         rel_logits = torch.einsum("bhtr,re->bhte", r.to(dt), self.rel_proj.to(dt))  # L_rel [B, nH, T, E]
         bias = relative_bias(rel_logits, q_pos, k_pos)  # [B, nH, T, S]
 
@@ -112,6 +126,8 @@ class Attention(nn.Module):
         visible = distance >= 0
         if self.window is not None:
             visible = visible & (distance < self.window)
+        if parents is not None:  # among the new rows: only the row itself and its ancestors
+            visible = visible & torch.cat([visible.new_ones(T, start), ancestor_mask(parents)], dim=1)
         scores = scores.masked_fill(~visible, -math.inf)
         probs = torch.softmax(scores, dim=-1)
         out = torch.einsum("bgits,bgsd->bgitd", probs, v.to(dt))

@@ -31,12 +31,15 @@ class InklingBlock(nn.Module):
         self.mlp = MoE(config) if mlp_type == MOE else DenseMLP(H, config.dense_intermediate_size)
         self.mlp_conv = ShortConv(H, config.conv_kernel_size)
 
-    def forward(self, h: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        """h: [B, T, H] -> [B, T, H]. With a cache: positions continue after it and it is extended."""
-        a = self.attn(self.attn_norm(h), cache)
-        h = h + self.attn_conv(a, past=cache.attn_conv_in if cache is not None else None)
+    def forward(self, h: torch.Tensor, cache: LayerCache | None = None,
+                parents: torch.Tensor | None = None) -> torch.Tensor:
+        """h: [B, T, H] -> [B, T, H]. With a cache: positions continue after it and it is extended.
+        parents: [T] (optional) the rows form a draft tree (inkling_ref/tree_paths.py): attention
+        and all four short convs follow each row's path instead of the previous row."""
+        a = self.attn(self.attn_norm(h), cache, parents)
+        h = h + self.attn_conv(a, past=cache.attn_conv_in if cache is not None else None, parents=parents)
         m = self.mlp(self.mlp_norm(h))
-        h = h + self.mlp_conv(m, past=cache.mlp_conv_in if cache is not None else None)
+        h = h + self.mlp_conv(m, past=cache.mlp_conv_in if cache is not None else None, parents=parents)
         if cache is not None:
             cache.attn_conv_in = append(cache.attn_conv_in, a, dim=1)
             cache.mlp_conv_in = append(cache.mlp_conv_in, m, dim=1)

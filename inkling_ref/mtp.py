@@ -35,12 +35,13 @@ class MTPDepth(nn.Module):
         self.block = InklingBlock(config, kind, DENSE, apply_log_tau=log_tau)
 
     def forward(self, h_prev: torch.Tensor, token_embed: torch.Tensor,
-                cache: LayerCache | None = None) -> torch.Tensor:
+                cache: LayerCache | None = None, parents: torch.Tensor | None = None) -> torch.Tensor:
         """h_prev: [B, T, H]; token_embed: [B, T, H] = the trunk's normed embedding rms(E[x]; embed_norm)
-        of the tokens x_{p+m+1}. Returns the block output y: [B, T, H]."""
+        of the tokens x_{p+m+1}. Returns the block output y: [B, T, H].
+        parents: [T] (optional) the rows form a draft tree (inkling_ref/tree_paths.py)."""
         e = self.embed_norm(token_embed)  # the second norm of the double-normed embedding
         c = torch.cat([self.hidden_norm(h_prev), e], dim=-1)  # [B, T, 2H], hidden first
-        return self.block(self.input_proj(c), cache)
+        return self.block(self.input_proj(c), cache, parents)
 
 
 class MTPHead(nn.Module):

@@ -36,11 +36,13 @@ class Trunk(nn.Module):
         """input_ids: [B, T] -> rms(E[id]; embed_norm): [B, T, H]."""
         return self.embed_norm(self.embed(input_ids))
 
-    def forward(self, input_ids: torch.Tensor, cache: TrunkCache | None = None) -> torch.Tensor:
-        """input_ids: [B, T] (the new tokens only, when a cache is given) -> H: [B, T, H]."""
+    def forward(self, input_ids: torch.Tensor, cache: TrunkCache | None = None,
+                parents: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids: [B, T] (the new tokens only, when a cache is given) -> H: [B, T, H].
+        parents: [T] (optional) the new tokens form a draft tree (inkling_ref/tree_paths.py)."""
         h = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cache.layers[i] if cache is not None else None)
+            h = layer(h, cache.layers[i] if cache is not None else None, parents)
         return self.norm(h)
 
     def readout(self, hidden: torch.Tensor) -> torch.Tensor:

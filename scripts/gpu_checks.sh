@@ -4,7 +4,10 @@
 #   GPU_CHECKS_GROUPS="fast1 attention" bash scripts/gpu_checks.sh OUT_DIR   # only some groups
 # Groups: attention fast3 fast1 engine engine_bf16 engine_graphs cli reference sanitizer notebooks
 # (default: all; the engine tests run as three groups, the longest ones on their own).
-# Writes OUT_DIR/<group>.log per group and OUT_DIR/summary.txt (the last lines of each log).
+# Writes OUT_DIR/<group>.log per group, OUT_DIR/summary.txt (the last lines of each log) and the page
+# of the run, docs/benchmarks/gpu_checks.md (date, GPU, commit, passed / failed / skipped per group),
+# also copied to OUT_DIR/gpu_checks.md (on a machine whose tree is a copy, bring that one back).
+# The commit comes from git, or from $INKLING_COMMIT where the tree has no .git.
 # Notebooks under nbval need the wheels of ../shared/device/fetch-notebook-wheels.sh in .whl.
 set -u
 OUT=${1:?usage: gpu_checks.sh OUT_DIR}
@@ -12,7 +15,8 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 T=${GPU_CHECKS_TIMEOUT:-540}
 
-GROUPS_WANTED=" ${GPU_CHECKS_GROUPS:-attention fast3 fast1 engine engine_bf16 engine_graphs cli reference sanitizer notebooks} "
+ALL_GROUPS="attention fast3 fast1 engine engine_bf16 engine_graphs cli reference sanitizer notebooks"
+GROUPS_WANTED=" ${GPU_CHECKS_GROUPS:-$ALL_GROUPS} "
 
 run() {  # run NAME THREADS CMD...
   local name=$1 threads=$2; shift 2
@@ -46,3 +50,6 @@ if [ -d .whl ] && [[ "$GROUPS_WANTED" == *" notebooks "* ]]; then
 fi
 wait
 for f in "$OUT"/*.log; do echo "== $f"; tail -n 4 "$f"; done | tee "$OUT/summary.txt"
+COMMAND="${GPU_CHECKS_GROUPS:+GPU_CHECKS_GROUPS=\"$GPU_CHECKS_GROUPS\" }bash scripts/gpu_checks.sh OUT"
+python3 scripts/gpu_checks_page.py "$OUT" "$COMMAND" docs/benchmarks/gpu_checks.md $ALL_GROUPS \
+  && cp docs/benchmarks/gpu_checks.md "$OUT/gpu_checks.md"

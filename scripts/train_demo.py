@@ -87,8 +87,8 @@ def demo_config() -> InklingConfig:
         moe_intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
         route_scale=2.0,
         # mup 2, not 4: the trunk's logits are W_u H / mup with |H| = sqrt(hidden), so a large divisor
-        # slows the trunk's early learning (a CPU A/B at hidden 128, 250 steps: held-out trunk loss 5.48 at
-        # mup 4 vs 5.06 at mup 1); 2 keeps the division exercised (a forgotten / mup changes every logit)
+        # shrinks the logits and slows the trunk's early learning; 2 keeps the division exercised (a
+        # forgotten / mup changes every logit)
         mup=2.0, rms_norm_eps=1e-6, conv_kernel_size=4,
         max_position_embeddings=512, bos_token_id=0, eos_token_id=1,
         num_mtp_depths=8, mtp_layer_types=[S if m in MTP_LOCAL_IDS else G for m in range(8)],

@@ -11,16 +11,13 @@ import torch
 
 import inkling_ref
 from configs import tiny_config
+from inkling_ref.testing import rel_l2
 from mutants import load_mutant
 
 BOUND = 1e-12
 CFG = tiny_config(num_mtp_depths=0, mtp_layer_types=[])  # sliding/dense, global/dense, sliding/MoE, global/MoE
 T = 40  # > window (8), > rel_extent (16), log-tau from position 7
 STATE = ("keys", "values", "k_conv_in", "v_conv_in", "attn_conv_in", "mlp_conv_in")
-
-
-def rel_l2(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 def make(package=inkling_ref, seed=5):

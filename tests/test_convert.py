@@ -24,6 +24,7 @@ import inkling_ref  # noqa: E402
 from configs import tiny_config  # noqa: E402
 from inkling_ref import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
 from inkling_ref.cli import main  # noqa: E402
+from inkling_ref.testing import rel_l2  # noqa: E402
 from mutants import load_mutant  # noqa: E402
 
 BOUND = 1e-6
@@ -88,10 +89,6 @@ def src(hf, tmp_path_factory):
     d = tmp_path_factory.mktemp("hf")
     hf.save_pretrained(d)
     return d
-
-
-def rel_l2(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 def logits_error(dst, ids, hf_logits, package=inkling_ref):

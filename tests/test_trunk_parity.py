@@ -14,6 +14,7 @@ from configs import tiny_config  # noqa: E402
 from inkling_ref import transformers_layout  # noqa: E402
 from inkling_ref.attention import log_tau  # noqa: E402
 from inkling_ref.names import to_released  # noqa: E402
+from inkling_ref.testing import rel_l2  # noqa: E402
 from mutants import load_mutant  # noqa: E402
 
 BOUND = 1e-6
@@ -49,10 +50,6 @@ def hf_model(ref_model):
     sd = transformers_layout.match_model_names(transformers_layout.from_released(released), hf.state_dict())
     hf.load_state_dict(sd, strict=True)
     return hf
-
-
-def rel_l2(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 def parity_error(package, cfg, seed):

@@ -12,14 +12,11 @@ engine reads a and next_token on the device (commit n += a + 1) or copies them b
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-INT_DTYPES = (torch.int32, torch.int64)
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from .common import INDEX_DTYPES, check_kernel_device, check_tensor, need, out_tensor
 
 
 @triton.jit
@@ -57,30 +54,14 @@ def greedy_accept_torch(drafts: torch.Tensor, target: torch.Tensor, k_eff: torch
     return a.int(), nxt, emitted
 
 
-def _check(t, name: str, shape: tuple, device) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype not in INT_DTYPES:
-        raise ValueError(f"{name} must be an int32/int64 tensor of shape {shape}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, drafts on {device}: they must be on one device")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (strides {t.stride()})")
-
-
 def accept_outputs(out, B: int, K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The (a, next_token, emitted) buffers: new ones, or `out` checked (e.g. a CUDA graph's static ones)."""
-    want = ((B,), torch.int32), ((B,), torch.int64), ((B, K + 1), torch.int64)
     if out is None:
-        return tuple(torch.empty(s, dtype=dt, device=device) for s, dt in want)
-    names = ("a", "next_token", "emitted")
-    if not isinstance(out, (tuple, list)) or len(out) != 3:
-        raise ValueError("out must be a tuple (a, next_token, emitted)")
-    for t, (s, dt), name in zip(out, want, names):
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != s or t.dtype != dt or t.device != device \
-                or not t.is_contiguous():
-            raise ValueError(f"out[{name}] must be a contiguous {dt} tensor of shape {s} on {device}")
-    return tuple(out)
+        out = (None, None, None)
+    need(isinstance(out, (tuple, list)) and len(out) == 3, "out must be a tuple (a, next_token, emitted)")
+    return (out_tensor("out[a]", out[0], (B,), torch.int32, device),
+            out_tensor("out[next_token]", out[1], (B,), torch.int64, device),
+            out_tensor("out[emitted]", out[2], (B, K + 1), torch.int64, device))
 
 
 def greedy_accept(drafts: torch.Tensor, target: torch.Tensor, k_eff: torch.Tensor | None = None,
@@ -89,17 +70,13 @@ def greedy_accept(drafts: torch.Tensor, target: torch.Tensor, k_eff: torch.Tenso
     row); k_eff: int [B] (drafts actually made, <= K; values outside 0..K are clamped) or None (= K).
     Returns (a int32 [B], next_token int64 [B], emitted int64 [B, K+1]), into `out` when given.
     One launch, no host sync."""
-    if not isinstance(drafts, torch.Tensor) or drafts.dim() != 2 or drafts.dtype not in INT_DTYPES:
-        raise ValueError("drafts must be an int32/int64 tensor [B, K]")
-    if drafts.device.type != "cuda" and not INTERPRET:
-        raise ValueError(f"drafts is on {drafts.device}: the Triton kernels need CUDA tensors "
-                         "(CPU tensors only under TRITON_INTERPRET=1)")
-    if not drafts.is_contiguous():
-        raise ValueError(f"drafts must be contiguous (strides {drafts.stride()})")
+    check_tensor("drafts", drafts, dtypes=INDEX_DTYPES, contiguous=True)
+    need(drafts.dim() == 2, f"drafts must be a tensor [B, K], got shape {tuple(drafts.shape)}")
+    check_kernel_device("drafts", drafts)
     B, K = drafts.shape
-    _check(target, "target", (B, K + 1), drafts.device)
+    check_tensor("target", target, (B, K + 1), INDEX_DTYPES, drafts.device, contiguous=True)
     if k_eff is not None:
-        _check(k_eff, "k_eff", (B,), drafts.device)
+        check_tensor("k_eff", k_eff, (B,), INDEX_DTYPES, drafts.device, contiguous=True)
     a, nxt, emitted = accept_outputs(out, B, K, drafts.device)
     if B > 0:
         _greedy_accept_kernel[(B,)](drafts, target, k_eff if k_eff is not None else a, a, nxt, emitted, K,

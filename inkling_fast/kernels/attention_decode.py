@@ -10,7 +10,7 @@ up to each row's last one (position j at row j % cap). For the query row at posi
     visible     = j <= p  and  (sliding: j > p - window)  and  p >= 0
     out[p, h]   = softmax_j(logit) @ v
 
-Kernel design (decided here, see the issue "Fast path II"):
+Kernel design:
 
 * **One program per (batch row, KV head, KV split)**; it holds all G query heads and all T window
   rows as the M = T*G rows of one tile (row m = (t, i), head h = g*G + i), so each K/V tile is
@@ -38,9 +38,9 @@ Kernel design (decided here, see the issue "Fast path II"):
 * dots: bf16/fp16 operands with fp32 accumulation; fp32 operands with input_precision="ieee"
   (exact fp32, the fast-path convention). The probabilities are rounded to the value dtype before
   the P @ V dot (bf16: the usual flash-attention rounding).
-* Interpreter (CI) only, constexpr INTERPRET: the Triton 3.9 interpreter computes bf16 tl.dot
-  wrongly and truncates fp32 -> bf16, so there the dot operands are upcast to fp32 and the output
-  is rounded to nearest even by hand (`_round_to`). The compiled GPU kernel takes neither branch.
+* Interpreter (CI) only, constexpr INTERPRET: the dot operands are upcast to fp32 and the output is
+  rounded to nearest even by hand (`round_to`), the CPU interpreter's bf16 dot and conversion being
+  wrong (inkling_fast/kernels/common.py). The compiled GPU kernel takes neither branch.
 
 The wrapper validates shapes/dtypes/devices and, for sliding layers, cap >= window + T - 1 (the
 ring must hold the oldest key of the first row and the newest of the last). Positions are not
@@ -49,14 +49,12 @@ inspected on the host: a global layer's cap must exceed every position.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+from .common import FLOAT_DTYPES, both, interpreting, need, out_tensor, round_to
+
 LOG2E = 1.4426950408889634
 MIN_SPLIT_KEYS = 128   # fewest keys worth a split of their own
 MAX_SPLITS = 64
@@ -64,24 +62,6 @@ _SM_COUNT: dict = {}
 
 
 # ----------------------------------------------------------------------------------------------- kernels
-@triton.jit
-def _both(vec_mask, flag):
-    """vec_mask & flag for a scalar flag, spelled with where: the Triton 3.9 interpreter gives a
-    vector & scalar-bool mask an int32 type that tl.load rejects."""
-    return tl.where(flag, vec_mask, False)
-
-
-@triton.jit
-def _round_to(x, dtype: tl.constexpr, FIX_BF16: tl.constexpr):
-    """x.to(dtype), rounding to nearest even. FIX_BF16 (set under TRITON_INTERPRET=1 only): the
-    Triton 3.9 interpreter truncates fp32 -> bf16, so round the fp32 bits first (truncation is then exact)."""
-    if FIX_BF16 and dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
-    return x.to(dtype)
-
-
 @triton.jit
 def _attend_tile(acc, m_i, l_i, q, start, end, b, s, g, d, dmask, rows, row_ok, p_m, lo_m,
                  k_ptr, v_ptr, kf_ptr, vf_ptr, rel_ptr, pos_ptr, T, CAP, E, off, qk_scale,
@@ -200,7 +180,7 @@ def _attention_kernel(
         tl.store(part_o_ptr + part[:, None] * HD + d[None, :], o, mask=omask)
         tl.store(part_lse_ptr + part, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
     else:
-        tl.store(out_ptr + rows[:, None] * HD + d[None, :], _round_to(o, out_ptr.dtype.element_ty, INTERPRET),
+        tl.store(out_ptr + rows[:, None] * HD + d[None, :], round_to(o, out_ptr.dtype.element_ty, INTERPRET),
                  mask=omask)
 
 
@@ -228,16 +208,11 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, pos_ptr, NUM_SPLITS, NH: tl
     w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))
     den = tl.sum(w, 0)
     res = tl.sum(w[:, None] * o, 0) / tl.where(den > 0, den, 1.0)
-    tl.store(out_ptr + (row.to(tl.int64) * NH + h) * HD + d, _round_to(res, out_ptr.dtype.element_ty, INTERPRET),
-             mask=_both(dm, ok))
+    tl.store(out_ptr + (row.to(tl.int64) * NH + h) * HD + d, round_to(res, out_ptr.dtype.element_ty, INTERPRET),
+             mask=both(dm, ok))
 
 
 # ----------------------------------------------------------------------------------------------- launch
-def _need(ok: bool, msg: str) -> None:
-    if not ok:
-        raise ValueError(msg)
-
-
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of a CUDA device (4 stands in for the CPU interpreter)."""
     if device.type != "cuda":
@@ -250,50 +225,49 @@ def sm_count(device: torch.device) -> int:
 
 def choose_num_splits(programs: int, max_keys: int, sms: int) -> int:
     """Splits per (batch row, KV head, query tile): as many as keep every program in ONE wave of
-    2 programs per SM (the decode tile's 80 KB of shared memory), with at least MIN_SPLIT_KEYS keys
+    2 programs per SM (the decode tile's shared memory allows two), with at least MIN_SPLIT_KEYS keys
     per split. `programs` = B * nKV * query tiles, `max_keys` = the most keys one program can have
-    (cap for global layers, window + T - 1 for sliding ones). Rounding the split count down, not up,
-    matters: 9 splits of 32 programs (288 > 264 slots on the H200) leave a second wave of 24 programs
-    that takes as long as the first (batch 4, 32k: 209 µs at 9 splits, 136 µs at 8)."""
+    (cap for global layers, window + T - 1 for sliding ones). The count is rounded down, not up: a
+    few programs past one wave make a second wave that takes as long as the first. Host-known sizes
+    only, so a CUDA graph sees one split count per shape."""
     return max(1, min(2 * sms // programs, triton.cdiv(max_keys, MIN_SPLIT_KEYS), MAX_SPLITS))
 
 
 def validate_attention_args(q, rel, k_cache, v_cache, slot, pos, window):
     """Shared checks of the decode and prefill wrappers; returns (B, T, nH, hd, nKV, cap, E)."""
-    _need(isinstance(q, torch.Tensor) and q.dim() == 4, "q: expected [B, T, nH, hd] (attention_prep's q)")
+    need(isinstance(q, torch.Tensor) and q.dim() == 4, "q: expected [B, T, nH, hd] (attention_prep's q)")
     B, T, nH, hd = q.shape
-    _need(k_cache.dim() == 4 and tuple(v_cache.shape) == tuple(k_cache.shape),
-          f"k_cache/v_cache: expected equal shapes [slots, cap, nKV, hd], got {tuple(k_cache.shape)} and "
-          f"{tuple(v_cache.shape)}")
+    need(k_cache.dim() == 4 and tuple(v_cache.shape) == tuple(k_cache.shape),
+         f"k_cache/v_cache: expected equal shapes [slots, cap, nKV, hd], got {tuple(k_cache.shape)} and "
+         f"{tuple(v_cache.shape)}")
     slots, cap, nKV, hd_c = k_cache.shape
-    _need(hd_c == hd, f"q: head_dim {hd} differs from the cache's {hd_c}")
-    _need(nH % nKV == 0, f"q: {nH} query heads is not a multiple of the cache's {nKV} KV heads")
-    _need(rel.dim() == 4 and tuple(rel.shape[:3]) == (B, T, nH),
-          f"rel: expected [B={B}, T={T}, nH={nH}, E], got {tuple(rel.shape)}")
+    need(hd_c == hd, f"q: head_dim {hd} differs from the cache's {hd_c}")
+    need(nH % nKV == 0, f"q: {nH} query heads is not a multiple of the cache's {nKV} KV heads")
+    need(rel.dim() == 4 and tuple(rel.shape[:3]) == (B, T, nH),
+         f"rel: expected [B={B}, T={T}, nH={nH}, E], got {tuple(rel.shape)}")
     E = rel.shape[3]
-    _need(rel.dtype == torch.float32, f"rel: expected float32 (L_rel), got {rel.dtype}")
-    _need(q.dtype in _FLOATS, f"q: dtype {q.dtype} not supported (bf16, fp16, fp32)")
-    _need(k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
-          f"k_cache/v_cache: dtypes {k_cache.dtype}/{v_cache.dtype} differ from q's {q.dtype}")
-    _need(tuple(pos.shape) == (B, T) and pos.dtype == torch.int32, f"pos: expected int32 [B={B}, T={T}]")
-    _need(tuple(slot.shape) == (B,) and slot.dtype == torch.int32, f"slot: expected int32 [B={B}]")
+    need(rel.dtype == torch.float32, f"rel: expected float32 (L_rel), got {rel.dtype}")
+    need(q.dtype in FLOAT_DTYPES, f"q: dtype {q.dtype} not supported (bf16, fp16, fp32)")
+    need(k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
+         f"k_cache/v_cache: dtypes {k_cache.dtype}/{v_cache.dtype} differ from q's {q.dtype}")
+    need(tuple(pos.shape) == (B, T) and pos.dtype == torch.int32, f"pos: expected int32 [B={B}, T={T}]")
+    need(tuple(slot.shape) == (B,) and slot.dtype == torch.int32, f"slot: expected int32 [B={B}]")
     for name, x in (("q", q), ("rel", rel), ("k_cache", k_cache), ("v_cache", v_cache), ("slot", slot),
                     ("pos", pos)):
-        _need(x.device == q.device, f"{name}: on {x.device}, q is on {q.device}")
-        _need(x.is_contiguous(), f"{name}: must be contiguous")
+        need(x.device == q.device, f"{name}: on {x.device}, q is on {q.device}")
+        need(x.is_contiguous(), f"{name}: must be contiguous")
     if window is not None:
-        _need(isinstance(window, int) and window >= 1, f"window: expected a positive int or None, got {window!r}")
+        need(isinstance(window, int) and window >= 1, f"window: expected a positive int or None, got {window!r}")
     return B, T, nH, hd, nKV, cap, E
 
 
 def launch_config(BLOCK_M: int, BLOCK_D: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages). bf16 at hd = 128, measured on the H200 at contexts of 8k and
-    32k, batch 1, 4 and 32 (docs/benchmarks/tuning.md): decode and k = 4 windows (M = 16, 32 rows)
-    are fastest with 64-key tiles, 4 warps, 3 stages (M = 16: 154 registers, 80 KB shared, 2 programs
-    per SM; against 8 warps at M = 32, 1.3-1.6x faster); k = 8 windows (M = 64) with 32-key tiles,
-    4 warps, 3 stages (against 64/4/2 1.1x, 64/8/2 1.2-2.1x). M = 128 (query tiles of prefill):
-    32/8/2 (232 registers, 82 KB, wgmma; from ptxas -v, not timed). fp32 (IEEE dots run on FMA
-    units, the test path): 16-key tiles, no pipelining, so that the tiles fit shared memory."""
+    """(BLOCK_N, num_warps, num_stages) for a tile of BLOCK_M query rows (T * G, padded) by hd.
+    bf16: decode and windows up to 32 rows take 64-key tiles, 4 warps, 3 stages (two programs fit an
+    SM); 64-row windows 32-key tiles (the score tile grows with M); the 128-row query tiles of prefill
+    32 keys, 8 warps, 2 stages. Tiny head dims (CI): short tiles, so that short contexts span several.
+    fp32 (IEEE dots run on FMA units, the test path): 16-key tiles, no pipelining, so that the tiles
+    fit shared memory."""
     if dtype == torch.float32:
         return 16, 4 if BLOCK_M <= 16 else 8, 1
     if BLOCK_D <= 32:       # tiny head dims (CI): short tiles so that short contexts span several
@@ -317,6 +291,7 @@ def launch_attention(q, rel, k_cache, v_cache, k_flat, v_flat, slot, pos, window
     if B * T == 0:
         return out
     split = num_splits > 1
+    interp = interpreting()
     if split:
         part_o = torch.empty((B, T, nH, num_splits, hd), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((B, T, nH, num_splits), dtype=torch.float32, device=q.device)
@@ -328,13 +303,13 @@ def launch_attention(q, rel, k_cache, v_cache, k_flat, v_flat, slot, pos, window
         slot, pos, T, cap, E, window if window is not None else 0, LOG2E / hd, num_splits,
         NKV=nKV, G=G, HD=hd, BLOCK_T=block_t, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         HAS_WINDOW=window is not None, FLAT_KV=flat, SPLIT=split,
-        PREC="ieee" if q.dtype == torch.float32 else None, INTERPRET=_INTERPRET,
+        PREC="ieee" if q.dtype == torch.float32 else None, INTERPRET=interp,
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:
         _merge_kernel[(B * T, nH)](part_o, part_lse, out, pos, num_splits, NH=nH, HD=hd,
                                    BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=BLOCK_D,
-                                   INTERPRET=_INTERPRET, num_warps=4)
+                                   INTERPRET=interp, num_warps=4)
     return out
 
 
@@ -347,18 +322,15 @@ def attention_decode(q, rel, k_cache, v_cache, slot, pos, *, window: int | None 
     num_splits: None chooses from the sizes (`choose_num_splits`); 1 disables split-KV."""
     B, T, nH, hd, nKV, cap, E = validate_attention_args(q, rel, k_cache, v_cache, slot, pos, window)
     if window is not None:
-        _need(cap >= window + T - 1, f"k_cache: a sliding ring of cap={cap} rows cannot hold the window={window} "
-              f"keys of the first row and the T={T} rows of the call: need cap >= window + T - 1 = {window + T - 1}")
+        need(cap >= window + T - 1, f"k_cache: a sliding ring of cap={cap} rows cannot hold the window={window} "
+             f"keys of the first row and the T={T} rows of the call: need cap >= window + T - 1 = {window + T - 1}")
     G = nH // nKV
     block_t = T if T * G <= 128 else max(1, 128 // G)
     max_keys = min(cap, window + T - 1) if window is not None else cap
     if num_splits is None:
         num_splits = choose_num_splits(B * nKV * triton.cdiv(T, block_t), max_keys, sm_count(q.device))
-    _need(isinstance(num_splits, int) and 1 <= num_splits <= 1024, f"num_splits: expected 1..1024, got {num_splits!r}")
-    if out is None:
-        out = torch.empty_like(q)
-    _need(out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous() and out.device == q.device,
-          f"out: expected a contiguous {q.dtype} tensor {list(q.shape)}")
+    need(isinstance(num_splits, int) and 1 <= num_splits <= 1024, f"num_splits: expected 1..1024, got {num_splits!r}")
+    out = out_tensor("out", out, tuple(q.shape), q.dtype, q.device)
     return launch_attention(q, rel, k_cache, v_cache, None, None, slot, pos, window, num_splits, out, block_t)
 
 

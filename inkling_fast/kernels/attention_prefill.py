@@ -25,15 +25,8 @@ from __future__ import annotations
 import torch
 
 from .attention_decode import attend_torch, launch_attention, validate_attention_args
-from .attention_prep import commit_rows
-
-
-def _check_flat(name, x, B, T, nKV, hd, like):
-    if not (isinstance(x, torch.Tensor) and tuple(x.shape) == (B, T, nKV, hd)):
-        raise ValueError(f"{name}: expected [B={B}, T={T}, nKV={nKV}, hd={hd}] (attention_prep(flat_kv=True)'s "
-                         f"{name[0]}), got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    if x.dtype != like.dtype or x.device != like.device or not x.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous {like.dtype} tensor on {like.device}")
+from .commit_rows import commit_rows
+from .common import check_tensor, need, out_tensor
 
 
 def attention_prefill(q, rel, k_new, v_new, k_cache, v_cache, slot, pos, *, window: int | None = None,
@@ -44,20 +37,16 @@ def attention_prefill(q, rel, k_new, v_new, k_cache, v_cache, slot, pos, *, wind
     batch row hold consecutive positions). Returns out [B, T, nH, hd]; afterwards the cache holds the
     keys of each row's last min(cap, n) positions. Three launches (attention, then the cache writes of K and V)."""
     B, T, nH, hd, nKV, cap, E = validate_attention_args(q, rel, k_cache, v_cache, slot, pos, window)
-    _check_flat("k_new", k_new, B, T, nKV, hd, q)
-    _check_flat("v_new", v_new, B, T, nKV, hd, q)
-    if window is not None and cap < window:
-        raise ValueError(f"k_cache: a sliding ring of cap={cap} rows cannot hold the window={window} keys")
-    if out is None:
-        out = torch.empty_like(q)
-    if not (out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous() and out.device == q.device):
-        raise ValueError(f"out: expected a contiguous {q.dtype} tensor {list(q.shape)}")
+    for name, x in (("k_new", k_new), ("v_new", v_new)):  # attention_prep(flat_kv=True)'s k and v
+        check_tensor(name, x, (B, T, nKV, hd), q.dtype, q.device, contiguous=True)
+    need(window is None or cap >= window,
+         f"k_cache: a sliding ring of cap={cap} rows cannot hold the window={window} keys")
+    out = out_tensor("out", out, tuple(q.shape), q.dtype, q.device)
     G = nH // nKV
     launch_attention(q, rel, k_cache, v_cache, k_new, v_new, slot, pos, window, 1, out, block_t=max(1, 64 // G))
     if B * T:
-        last = pos.amax(dim=1).to(torch.int32)
-        commit_rows(k_new.view(B, T, nKV * hd), k_cache, slot, pos, last)
-        commit_rows(v_new.view(B, T, nKV * hd), v_cache, slot, pos, last)
+        commit_rows(k_new.view(B, T, nKV * hd), k_cache, slot, pos)
+        commit_rows(v_new.view(B, T, nKV * hd), v_cache, slot, pos)
     return out
 
 

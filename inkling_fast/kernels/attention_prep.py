@@ -12,7 +12,7 @@ slot s = slot[b]; see docs/fast_path.md), with C = nKV * hd channels and conv ke
     SConv(x)[p] = x[p] + sum_{j<K} w[c, j] * x[p - (K-1) + j]          (x before position 0 = 0)
     tau(p) = 1 + alpha * ln(max(1, (p + 1) / n_floor))                 (only when log_tau is given)
 
-Design (decided here, see the issue "Fast path II"):
+Design:
 
 * **One launch**, grid (B*T, nKV + ceil(E / BLOCK_E)). Program (row, g < nKV) owns KV head g: both
   short convs of its hd channels, the k RMSNorm, the ring and cache writes, and the q RMSNorm of the
@@ -24,9 +24,9 @@ Design (decided here, see the issue "Fast path II"):
   position 0. So a call reads the ring only at the K-1 positions before its first row and writes it
   only at its own positions: these rows are distinct when T + K - 1 <= R, and the single launch is
   race-free. Larger T (prefill) must pass `flat_kv=True` (else ValueError): the launch then writes no
-  ring row and no cache row, returns k and v as flat [B, T, nKV, hd] tensors, and a second launch
-  (`_commit_rows_kernel`) copies the last R conv inputs of each row into the rings. The KV cache is
-  then written by the prefill attention *after* it has read the history (attention_prefill.py).
+  ring row and no cache row, returns k and v as flat [B, T, nKV, hd] tensors, and two more launches
+  (`commit_rows`) copy the last R conv inputs of each row into the rings. The KV cache is then
+  written by the prefill attention *after* it has read the history (attention_prefill.py).
 * **Bias as L_rel, not r.** The relative logits are written once here (fp32, tau-scaled) and the
   attention kernel gathers L_rel[b, t, h, p - j] for the keys within the extent; the alternative
   (16 FMAs per score from r and P inside attention) needs, for a window of T rows at different
@@ -39,8 +39,8 @@ Design (decided here, see the issue "Fast path II"):
   (the reference's ShortConv returns its input dtype), the k/q RMSNorms run in fp32 and round once;
   q' = tau * round(q_norm(q)) is rounded to the model dtype, L_rel' stays fp32.
 * Padding rows (pos = -1) read nothing and write nothing (not even q' or L_rel').
-* Interpreter (CI) only: the Triton 3.9 interpreter truncates fp32 -> bf16, so under
-  TRITON_INTERPRET=1 `_round_to` rounds to nearest even by hand, as the GPU does.
+* Under the interpreter (CI), `round_to` rounds to nearest even by hand, as the GPU does
+  (inkling_fast/kernels/common.py).
 
 Constraints checked by the wrapper: dtypes (bf16, fp16 or fp32 activations/caches, any float
 weights), shapes, devices, int32 indices, R >= T + K - 1 and T <= cap unless `flat_kv`.
@@ -52,15 +52,15 @@ cap must exceed every position.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from .commit_rows import commit_rows
+from .common import FLOAT_DTYPES, both, check_kernel_device, interpreting, need, out_tensor, round_to
+
 
 
 class Prep(NamedTuple):
@@ -71,24 +71,6 @@ class Prep(NamedTuple):
 
 
 # ----------------------------------------------------------------------------------------------- kernels
-@triton.jit
-def _both(vec_mask, flag):
-    """vec_mask & flag for a scalar flag, spelled with where: the Triton 3.9 interpreter gives a
-    vector & scalar-bool mask an int32 type that tl.load rejects."""
-    return tl.where(flag, vec_mask, False)
-
-
-@triton.jit
-def _round_to(x, dtype: tl.constexpr, FIX_BF16: tl.constexpr):
-    """x.to(dtype), rounding to nearest even. FIX_BF16 (set under TRITON_INTERPRET=1 only): the
-    Triton 3.9 interpreter truncates fp32 -> bf16, so round the fp32 bits first (truncation is then exact)."""
-    if FIX_BF16 and dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
-    return x.to(dtype)
-
-
 @triton.jit
 def _conv_channel_block(x_ptr, stride_b, stride_t, ring_ptr, w_ptr, pos_ptr, b, t, p, s, c, cmask,
                         T, R, C, KSIZE: tl.constexpr):
@@ -102,9 +84,9 @@ def _conv_channel_block(x_ptr, stride_b, stride_t, ring_ptr, w_ptr, pos_ptr, b, 
         held = tl.load(pos_ptr + b * T + tb, mask=tb >= 0, other=-1)
         in_call = (tb >= 0) & (pp >= 0) & (held == pp)  # pp >= 0: a padding row holds -1, never position -1
         from_ring = (pp >= 0) & (held != pp)
-        x_call = tl.load(x_ptr + b * stride_b + tb * stride_t + c, mask=_both(cmask, in_call), other=0.0)
+        x_call = tl.load(x_ptr + b * stride_b + tb * stride_t + c, mask=both(cmask, in_call), other=0.0)
         ring_row = tl.maximum(pp, 0) % R
-        x_ring = tl.load(ring_ptr + (s * R + ring_row) * C + c, mask=_both(cmask, from_ring), other=0.0)
+        x_ring = tl.load(ring_ptr + (s * R + ring_row) * C + c, mask=both(cmask, from_ring), other=0.0)
         w = tl.load(w_ptr + c * KSIZE + j, mask=cmask).to(tl.float32)
         y += w * (x_call.to(tl.float32) + x_ring.to(tl.float32))
     return y, x_t
@@ -122,14 +104,14 @@ def _prep_kv_head(q_ptr, k_in_ptr, v_in_ptr, q_norm_ptr, k_norm_ptr, k_conv_ptr,
     C = NKV * HD
     d = tl.arange(0, BLOCK_D)
     if HD == BLOCK_D:   # a mask constant along d keeps the loads vectorized
-        dmask = _both(tl.full([BLOCK_D], 1, tl.int1), live)
+        dmask = both(tl.full([BLOCK_D], 1, tl.int1), live)
     else:
-        dmask = _both(d < HD, live)
+        dmask = both(d < HD, live)
     c = g * HD + d
     # K: conv (fp32, rounded to the model dtype like the reference), then RMSNorm
     kc, k_t = _conv_channel_block(k_in_ptr, stride_kb, stride_kt, k_ring_ptr, k_conv_ptr, pos_ptr,
                                   b, t, p, s, c, dmask, T, R, C, KSIZE)
-    kc = _round_to(kc, k_dst_ptr.dtype.element_ty, INTERPRET).to(tl.float32)
+    kc = round_to(kc, k_dst_ptr.dtype.element_ty, INTERPRET).to(tl.float32)
     kc = tl.where(dmask, kc, 0.0)
     k = kc * tl.rsqrt(tl.sum(kc * kc, 0) / HD + eps) * tl.load(k_norm_ptr + d, mask=dmask).to(tl.float32)
     # V: conv only
@@ -141,8 +123,8 @@ def _prep_kv_head(q_ptr, k_in_ptr, v_in_ptr, q_norm_ptr, k_norm_ptr, k_conv_ptr,
         dst = (s * CAP + p % CAP) * C + c
     else:
         dst = row.to(tl.int64) * C + c
-    tl.store(k_dst_ptr + dst, _round_to(k, k_dst_ptr.dtype.element_ty, INTERPRET), mask=dmask)
-    tl.store(v_dst_ptr + dst, _round_to(vc, v_dst_ptr.dtype.element_ty, INTERPRET), mask=dmask)
+    tl.store(k_dst_ptr + dst, round_to(k, k_dst_ptr.dtype.element_ty, INTERPRET), mask=dmask)
+    tl.store(v_dst_ptr + dst, round_to(vc, v_dst_ptr.dtype.element_ty, INTERPRET), mask=dmask)
 
     # the G query heads of this KV head: RMSNorm (rounded), then tau
     i = tl.arange(0, BLOCK_G)
@@ -152,9 +134,9 @@ def _prep_kv_head(q_ptr, k_in_ptr, v_in_ptr, q_norm_ptr, k_norm_ptr, k_conv_ptr,
                 other=0.0).to(tl.float32)
     w_q = tl.load(q_norm_ptr + d, mask=dmask).to(tl.float32)
     qn = x * tl.rsqrt(tl.sum(x * x, 1) / HD + eps)[:, None] * w_q[None, :]
-    qn = _round_to(qn, q_out_ptr.dtype.element_ty, INTERPRET).to(tl.float32) * tau
+    qn = round_to(qn, q_out_ptr.dtype.element_ty, INTERPRET).to(tl.float32) * tau
     tl.store(q_out_ptr + (row.to(tl.int64) * (NKV * G) + h[:, None]) * HD + d[None, :],
-             _round_to(qn, q_out_ptr.dtype.element_ty, INTERPRET), mask=qmask)
+             round_to(qn, q_out_ptr.dtype.element_ty, INTERPRET), mask=qmask)
 
 
 @triton.jit
@@ -167,8 +149,8 @@ def _prep_rel_block(r_ptr, rel_proj_ptr, rel_out_ptr, row, b, t, live, eb, tau, 
     e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
     h = tl.arange(0, BLOCK_H)
     cr = tl.arange(0, BLOCK_R)
-    emask = _both(e < E, live)
-    hmask = _both(h < NH, live)
+    emask = both(e < E, live)
+    hmask = both(h < NH, live)
     r = tl.load(r_ptr + b * stride_rb + t * stride_rt + h[:, None] * D_REL + cr[None, :],
                 mask=hmask[:, None] & (cr[None, :] < D_REL), other=0.0)
     P = tl.load(rel_proj_ptr + cr[:, None] * E + e[None, :], mask=(cr[:, None] < D_REL) & emask[None, :], other=0.0)
@@ -215,95 +197,74 @@ def _prep_kernel(
                         NKV * G, D_REL, BLOCK_H, BLOCK_R, BLOCK_E, PREC, INTERPRET)
 
 
-@triton.jit
-def _commit_rows_kernel(src_ptr, dst_ptr, slot_ptr, pos_ptr, last_ptr, T, KEEP, C, stride_b, stride_t,
-                        BLOCK_C: tl.constexpr):
-    """dst[slot[b], p % KEEP, :] = src[b, t, :] for the valid rows whose position p is among the last
-    KEEP positions of their batch row (p > last[b] - KEEP): distinct destination rows, no race."""
-    row = tl.program_id(0)
-    b = (row // T).to(tl.int64)             # int64: b * stride_b can pass 2^31 for long prompts
-    t = row % T
-    p = tl.load(pos_ptr + row)
-    ok = (p >= 0) & (p > tl.load(last_ptr + b) - KEEP)
-    s = tl.load(slot_ptr + b).to(tl.int64)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    m = _both(c < C, ok)
-    x = tl.load(src_ptr + b * stride_b + t * stride_t + c, mask=m)
-    tl.store(dst_ptr + (s * KEEP + tl.maximum(p, 0) % KEEP) * C + c, x, mask=m)
-
-
 # ----------------------------------------------------------------------------------------------- checks
-def _need(ok: bool, msg: str) -> None:
-    if not ok:
-        raise ValueError(msg)
-
-
 def _check_rows(name: str, x: torch.Tensor, B: int, T: int, width: int) -> None:
     got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-    _need(isinstance(x, torch.Tensor) and tuple(x.shape) == (B, T, width),
-          f"{name}: expected shape [B={B}, T={T}, {width}], got {got}")
-    _need(x.stride(-1) == 1, f"{name}: the last dimension must be contiguous (stride 1), got stride {x.stride(-1)}")
+    need(isinstance(x, torch.Tensor) and tuple(x.shape) == (B, T, width),
+         f"{name}: expected shape [B={B}, T={T}, {width}], got {got}")
+    need(x.stride(-1) == 1, f"{name}: the last dimension must be contiguous (stride 1), got stride {x.stride(-1)}")
 
 
 def _conv_weight(name: str, w: torch.Tensor, C: int) -> torch.Tensor:
     """Accept [C, K] or the checkpoint layout [C, 1, K]; return a contiguous [C, K] view/copy."""
     if w.dim() == 3 and w.shape[1] == 1:
         w = w[:, 0]
-    _need(w.dim() == 2 and w.shape[0] == C, f"{name}: expected [C={C}, K] (or [C, 1, K]), got {tuple(w.shape)}")
+    need(w.dim() == 2 and w.shape[0] == C, f"{name}: expected [C={C}, K] (or [C, 1, K]), got {tuple(w.shape)}")
     return w.contiguous()
 
 
 def _validate(q, k_in, v_in, r, q_norm, k_norm, k_conv, v_conv, rel_proj, k_ring, v_ring, k_cache, v_cache,
               slot, pos, log_tau):
-    _need(isinstance(pos, torch.Tensor) and pos.dim() == 2, "pos: expected an int32 tensor [B, T]")
+    need(isinstance(pos, torch.Tensor) and pos.dim() == 2, "pos: expected an int32 tensor [B, T]")
     B, T = pos.shape
-    _need(pos.dtype == torch.int32 and slot.dtype == torch.int32, "pos and slot must be int32 tensors")
-    _need(tuple(slot.shape) == (B,), f"slot: expected shape [B={B}], got {tuple(slot.shape)}")
-    _need(k_cache.dim() == 4, f"k_cache: expected [slots, cap, nKV, hd], got {tuple(k_cache.shape)}")
+    need(pos.dtype == torch.int32 and slot.dtype == torch.int32, "pos and slot must be int32 tensors")
+    need(tuple(slot.shape) == (B,), f"slot: expected shape [B={B}], got {tuple(slot.shape)}")
+    need(k_cache.dim() == 4, f"k_cache: expected [slots, cap, nKV, hd], got {tuple(k_cache.shape)}")
     slots, cap, nKV, hd = k_cache.shape
-    _need(tuple(v_cache.shape) == tuple(k_cache.shape),
-          f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    need(tuple(v_cache.shape) == tuple(k_cache.shape),
+         f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     C = nKV * hd
-    _need(q.shape[-1] % hd == 0, f"q: width {q.shape[-1]} is not a multiple of head_dim={hd} (from k_cache)")
+    need(q.shape[-1] % hd == 0, f"q: width {q.shape[-1]} is not a multiple of head_dim={hd} (from k_cache)")
     nH = q.shape[-1] // hd
-    _need(nH % nKV == 0, f"q: {nH} query heads is not a multiple of the {nKV} KV heads of k_cache")
-    _need(rel_proj.dim() == 2, f"rel_proj: expected [d_rel, E], got {tuple(rel_proj.shape)}")
+    need(nH % nKV == 0, f"q: {nH} query heads is not a multiple of the {nKV} KV heads of k_cache")
+    need(rel_proj.dim() == 2, f"rel_proj: expected [d_rel, E], got {tuple(rel_proj.shape)}")
     d_rel, E = rel_proj.shape
     _check_rows("q", q, B, T, nH * hd)
     _check_rows("k_in", k_in, B, T, C)
     _check_rows("v_in", v_in, B, T, C)
     _check_rows("r", r, B, T, nH * d_rel)
     for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
-        _need(tuple(w.shape) == (hd,) and w.is_contiguous(), f"{name}: expected a contiguous [{hd}], got "
-              f"{tuple(w.shape)} with strides {w.stride()}")
+        need(tuple(w.shape) == (hd,) and w.is_contiguous(), f"{name}: expected a contiguous [{hd}], got "
+             f"{tuple(w.shape)} with strides {w.stride()}")
     k_conv = _conv_weight("k_conv", k_conv, C)
     v_conv = _conv_weight("v_conv", v_conv, C)
-    _need(k_conv.shape == v_conv.shape, f"k_conv {tuple(k_conv.shape)} and v_conv {tuple(v_conv.shape)} differ")
+    need(k_conv.shape == v_conv.shape, f"k_conv {tuple(k_conv.shape)} and v_conv {tuple(v_conv.shape)} differ")
     K = k_conv.shape[1]
-    _need(k_ring.dim() == 3 and k_ring.shape[0] == slots and k_ring.shape[2] == C,
-          f"k_ring: expected [slots={slots}, R, C={C}], got {tuple(k_ring.shape)}")
-    _need(tuple(v_ring.shape) == tuple(k_ring.shape),
-          f"v_ring: expected the shape of k_ring {tuple(k_ring.shape)}, got {tuple(v_ring.shape)}")
+    need(k_ring.dim() == 3 and k_ring.shape[0] == slots and k_ring.shape[2] == C,
+         f"k_ring: expected [slots={slots}, R, C={C}], got {tuple(k_ring.shape)}")
+    need(tuple(v_ring.shape) == tuple(k_ring.shape),
+         f"v_ring: expected the shape of k_ring {tuple(k_ring.shape)}, got {tuple(v_ring.shape)}")
     R = k_ring.shape[1]
-    _need(R >= K - 1, f"k_ring: R={R} rows cannot hold the K-1={K - 1} previous conv inputs")
+    need(R >= K - 1, f"k_ring: R={R} rows cannot hold the K-1={K - 1} previous conv inputs")
     dt = k_cache.dtype
-    _need(dt in _FLOATS, f"k_cache: dtype {dt} not supported (bf16, fp16, fp32)")
+    need(dt in FLOAT_DTYPES, f"k_cache: dtype {dt} not supported (bf16, fp16, fp32)")
     for name, x in (("q", q), ("k_in", k_in), ("v_in", v_in), ("r", r), ("k_ring", k_ring), ("v_ring", v_ring),
                     ("v_cache", v_cache)):
-        _need(x.dtype == dt, f"{name}: dtype {x.dtype} differs from the cache dtype {dt}")
+        need(x.dtype == dt, f"{name}: dtype {x.dtype} differs from the cache dtype {dt}")
     for name, x in (("q_norm", q_norm), ("k_norm", k_norm), ("k_conv", k_conv), ("v_conv", v_conv),
                     ("rel_proj", rel_proj)):
-        _need(x.dtype in _FLOATS, f"{name}: dtype {x.dtype} not supported")
+        need(x.dtype in FLOAT_DTYPES, f"{name}: dtype {x.dtype} not supported")
     dev = k_cache.device
+    check_kernel_device("k_cache", k_cache)
     for name, x in (("q", q), ("k_in", k_in), ("v_in", v_in), ("r", r), ("q_norm", q_norm), ("k_norm", k_norm),
                     ("k_conv", k_conv), ("v_conv", v_conv), ("rel_proj", rel_proj), ("k_ring", k_ring),
                     ("v_ring", v_ring), ("v_cache", v_cache), ("slot", slot), ("pos", pos)):
-        _need(x.device == dev, f"{name}: on {x.device}, the caches are on {dev}")
+        need(x.device == dev, f"{name}: on {x.device}, the caches are on {dev}")
     for name, x in (("k_ring", k_ring), ("v_ring", v_ring), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("slot", slot), ("pos", pos)):
-        _need(x.is_contiguous(), f"{name}: must be contiguous")
+        need(x.is_contiguous(), f"{name}: must be contiguous")
     if log_tau is not None:
-        _need(len(log_tau) == 2 and log_tau[0] > 0, f"log_tau: expected (n_floor > 0, alpha), got {log_tau!r}")
+        need(len(log_tau) == 2 and log_tau[0] > 0, f"log_tau: expected (n_floor > 0, alpha), got {log_tau!r}")
     return B, T, slots, cap, nKV, hd, nH, d_rel, E, K, R, k_conv.contiguous(), v_conv.contiguous()
 
 
@@ -324,17 +285,17 @@ def attention_prep(q, k_in, v_in, r, *, q_norm, k_norm, k_conv, v_conv, rel_proj
         q, k_in, v_in, r, q_norm, k_norm, k_conv, v_conv, rel_proj, k_ring, v_ring, k_cache, v_cache, slot,
         pos, log_tau)
     if not flat_kv:
-        _need(T + K - 1 <= R, f"k_ring: a call of T={T} rows with conv kernel K={K} needs R >= T + K - 1 = "
-              f"{T + K - 1} ring rows (R={R}) to read and write the ring in one launch; pass flat_kv=True "
-              "(the prefill path) for longer calls")
-        _need(T <= cap, f"k_cache: T={T} rows do not fit a cache of cap={cap} rows; pass flat_kv=True "
-              "(the prefill path) for longer calls")
+        need(T + K - 1 <= R, f"k_ring: a call of T={T} rows with conv kernel K={K} needs R >= T + K - 1 = "
+             f"{T + K - 1} ring rows (R={R}) to read and write the ring in one launch; pass flat_kv=True "
+             "(the prefill path) for longer calls")
+        need(T <= cap, f"k_cache: T={T} rows do not fit a cache of cap={cap} rows; pass flat_kv=True "
+             "(the prefill path) for longer calls")
     dev, dt = k_cache.device, k_cache.dtype
-    q_out = _out("q_out", q_out, (B, T, nH, hd), dt, dev)
-    rel_out = _out("rel_out", rel_out, (B, T, nH, E), torch.float32, dev)
+    q_out = out_tensor("q_out", q_out, (B, T, nH, hd), dt, dev)
+    rel_out = out_tensor("rel_out", rel_out, (B, T, nH, E), torch.float32, dev)
     if flat_kv:
-        k_dst = _out("k_out", k_out, (B, T, nKV, hd), dt, dev)
-        v_dst = _out("v_out", v_out, (B, T, nKV, hd), dt, dev)
+        k_dst = out_tensor("k_out", k_out, (B, T, nKV, hd), dt, dev)
+        v_dst = out_tensor("v_out", v_out, (B, T, nKV, hd), dt, dev)
     else:
         k_dst, v_dst = k_cache, v_cache
     if B * T == 0:
@@ -355,42 +316,14 @@ def attention_prep(q, k_in, v_in, r, *, q_norm, k_norm, k_conv, v_conv, rel_proj
         NKV=nKV, G=G, HD=hd, D_REL=d_rel, KSIZE=K,
         BLOCK_D=triton.next_power_of_2(hd), BLOCK_G=triton.next_power_of_2(G), BLOCK_H=BLOCK_H,
         BLOCK_R=max(16, triton.next_power_of_2(d_rel)), BLOCK_E=BLOCK_E, HAS_TAU=log_tau is not None,
-        TO_CACHE=not flat_kv, PREC="ieee" if r.dtype == torch.float32 else None, INTERPRET=_INTERPRET,
+        TO_CACHE=not flat_kv, PREC="ieee" if r.dtype == torch.float32 else None, INTERPRET=interpreting(),
         num_warps=4,
     )
     if not flat_kv:
         return Prep(q_out, rel_out, None, None)
-    last = pos.amax(dim=1).to(torch.int32)  # device reduction, no host sync
-    commit_rows(k_in, k_ring, slot, pos, last)
-    commit_rows(v_in, v_ring, slot, pos, last)
+    commit_rows(k_in, k_ring, slot, pos)
+    commit_rows(v_in, v_ring, slot, pos)
     return Prep(q_out, rel_out, k_dst, v_dst)
-
-
-def commit_rows(src: torch.Tensor, dst: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
-                last: torch.Tensor) -> None:
-    """Write the rows of src [B, T, C] (last dim contiguous) at positions > last[b] - KEEP into
-    dst [slots, KEEP, ...] (contiguous, C elements per row) at row p % KEEP: the tail of a long call."""
-    B, T = pos.shape
-    KEEP = dst.shape[1]
-    C = dst[0, 0].numel()
-    _need(src.dim() == 3 and tuple(src.shape) == (B, T, C) and src.stride(-1) == 1,
-          f"commit_rows: src must be [B={B}, T={T}, {C}] with a contiguous last dim, got {tuple(src.shape)}")
-    _need(dst.is_contiguous() and src.dtype == dst.dtype, "commit_rows: dst must be contiguous, dtypes equal")
-    _need(tuple(last.shape) == (B,) and last.dtype == torch.int32, "commit_rows: last must be int32 [B]")
-    if B * T == 0:
-        return
-    BLOCK_C = min(1024, triton.next_power_of_2(C))
-    _commit_rows_kernel[(B * T, triton.cdiv(C, BLOCK_C))](
-        src, dst, slot, pos, last, T, KEEP, C, src.stride(0), src.stride(1), BLOCK_C=BLOCK_C, num_warps=4)
-
-
-def _out(name, x, shape, dtype, device):
-    if x is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    _need(tuple(x.shape) == tuple(shape) and x.dtype == dtype and x.device == device and x.is_contiguous(),
-          f"{name}: expected a contiguous {dtype} tensor {list(shape)} on {device}, got "
-          f"{x.dtype} {tuple(x.shape)} on {x.device}")
-    return x
 
 
 # ----------------------------------------------------------------------------------------------- twin

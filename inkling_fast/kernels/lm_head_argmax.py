@@ -27,30 +27,17 @@ call for each (H, BLOCK_T)): warm up once before capturing a CUDA graph or timin
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, dot, interpreting, need, out_tensor
+
 GROUP = 64            # ids per partial (max, argmax) entry
 MAX_BLOCK_T = 64      # token rows per program; more rows are split over a second grid axis
 REDUCE_BLOCK = 1024   # partials per step of the reduction
 INT32_MAX = tl.constexpr(2**31 - 1)  # a constexpr: Triton 3.6 refuses plain globals in kernels
-
-
-@triton.jit
-def _dot(a, b, acc, FP32_DOT: tl.constexpr):
-    """acc + a @ b in float32: float32 operands exactly ("ieee", not tf32), bf16/fp16 on the tensor cores.
-    FP32_DOT is also set for bf16/fp16 operands under TRITON_INTERPRET=1: the Triton 3.9 interpreter
-    multiplies bf16 operands as raw integers, so there they are upcast first (exact: bf16 -> fp32)."""
-    if FP32_DOT:
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
 
 
 @triton.heuristics({"EVEN_K": lambda a: a["H"] % a["BLOCK_K"] == 0})
@@ -75,7 +62,7 @@ def _lm_head_partial_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_gro
             k_ok = (k0 + kk) < H
             w = tl.load(w_ptrs + k0, mask=v_ok[:, None] & k_ok[None, :], other=0.0)
             ht = tl.load(h_ptrs + k0, mask=k_ok[:, None] & t_ok[None, :], other=0.0)
-        acc = _dot(w, ht, acc, FP32_DOT)
+        acc = dot(w, ht, acc, FP32_DOT)
     # per group of 64 ids: the maximum and the lowest id that reaches it (ids >= V_out never win)
     scores = tl.where(v_ok[:, None], acc, float("-inf"))
     scores = tl.reshape(scores, [G, 64, BLOCK_T])
@@ -118,7 +105,7 @@ _CONFIGS = [
     triton.Config({"BLOCK_V": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
 ]
 _INTERPRET_META = dict(BLOCK_V=64, BLOCK_K=32, num_warps=4)
-_partial = _lm_head_partial_kernel if INTERPRET else \
+_partial = _lm_head_partial_kernel if interpreting() else \
     triton.autotune(configs=_CONFIGS, key=["H", "BLOCK_T", "FP32_DOT"])(_lm_head_partial_kernel)
 
 
@@ -140,21 +127,6 @@ def lm_head_argmax_torch(h: torch.Tensor, weight: torch.Tensor, vocab_out: int |
     return best_id, best / mup
 
 
-def _check_device(t: torch.Tensor, name: str) -> None:
-    if t.device.type != "cuda" and not INTERPRET:
-        raise ValueError(f"{name} is on {t.device}: the Triton kernels need CUDA tensors "
-                         "(CPU tensors only under TRITON_INTERPRET=1)")
-
-
-def _out(t: torch.Tensor | None, name: str, T: int, dtype: torch.dtype, device) -> torch.Tensor:
-    if t is None:
-        return torch.empty(T, dtype=dtype, device=device)
-    if not isinstance(t, torch.Tensor) or t.shape != (T,) or t.dtype != dtype or t.device != device \
-            or not t.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous {dtype} tensor of shape ({T},) on {device}")
-    return t
-
-
 def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = None,
                    mup: float = 1.0, ids_out: torch.Tensor | None = None,
                    vals_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,15 +135,11 @@ def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None 
     Returns (ids int64 [T], vals float32 [T]): argmax and max of (h @ weight[:V_out]^T) / mup per row,
     ties to the lowest id; written into ids_out / vals_out when given (e.g. a CUDA graph's static
     buffers). Launches two kernels; no host synchronization."""
-    if not isinstance(h, torch.Tensor) or h.dim() != 2 or h.dtype not in FLOAT_DTYPES:
-        raise ValueError("h must be a float32/float16/bfloat16 tensor [T, H]")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError("weight must be a 2-D tensor [V, H] (the unembedding)")
-    if weight.dtype != h.dtype:
-        raise ValueError(f"weight has dtype {weight.dtype}, h has {h.dtype}: they must match")
-    if weight.device != h.device:
-        raise ValueError(f"weight is on {weight.device}, h on {h.device}: they must be on one device")
-    _check_device(h, "h")
+    check_tensor("h", h, dtypes=FLOAT_DTYPES)
+    need(h.dim() == 2, f"h must be a tensor [T, H], got shape {tuple(h.shape)}")
+    check_tensor("weight", weight, dtypes=h.dtype, device=h.device)
+    need(weight.dim() == 2, f"weight must be a 2-D tensor [V, H] (the unembedding), got shape {tuple(weight.shape)}")
+    check_kernel_device("h", h)
     T, H = h.shape
     V = weight.shape[0]
     if weight.shape[1] != H:
@@ -185,8 +153,8 @@ def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None 
         raise ValueError(f"mup must be a finite number > 0, got {mup!r}")
     if H == 0:
         raise ValueError("h has H=0 columns: nothing to score")
-    ids = _out(ids_out, "ids_out", T, torch.int64, h.device)
-    vals = _out(vals_out, "vals_out", T, torch.float32, h.device)
+    ids = out_tensor("ids_out", ids_out, (T,), torch.int64, h.device)
+    vals = out_tensor("vals_out", vals_out, (T,), torch.float32, h.device)
     if T == 0:
         return ids, vals
     n_groups = triton.cdiv(V_out, GROUP)
@@ -194,8 +162,9 @@ def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None 
     pidx = torch.empty(T, n_groups, dtype=torch.int32, device=h.device)
     BLOCK_T = min(MAX_BLOCK_T, max(16, triton.next_power_of_2(T)))
     grid = lambda meta: (triton.cdiv(V_out, meta["BLOCK_V"]), triton.cdiv(T, BLOCK_T))  # noqa: E731
-    meta = _INTERPRET_META if INTERPRET else {}
+    interp = interpreting()
+    meta = _INTERPRET_META if interp else {}
     _partial[grid](h, weight, pmax, pidx, T, H, V_out, n_groups, BLOCK_T=BLOCK_T,
-                   FP32_DOT=h.dtype == torch.float32 or INTERPRET, **meta)
+                   FP32_DOT=h.dtype == torch.float32 or interp, **meta)
     _lm_head_reduce_kernel[(T,)](pmax, pidx, ids, vals, n_groups, float(mup), BLOCK=REDUCE_BLOCK, num_warps=4)
     return ids, vals

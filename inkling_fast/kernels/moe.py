@@ -41,32 +41,11 @@ import triton.language as tl
 
 from inkling_ref.moe import MoE as RefMoE
 
-from .moe_router import INTERPRET, check_float, check_x, moe_route, moe_route_torch
+from .common import INDEX_DTYPES, check_tensor, dot, interpreting, need, out_tensor, round_to
+from .moe_router import check_x, moe_route, moe_route_torch
 
 MAX_TOKENS = 256      # the align step is one program comparing all pairs: meant for small N
 BLOCK_M = 16          # token rows per dot (the smallest tl.dot tile)
-
-
-@triton.jit
-def _dot(a, b, acc, FP32_DOT: tl.constexpr):
-    """acc + a @ b in float32 (see lm_head_argmax._dot: float32 operands exactly, bf16 on the tensor
-    cores; upcast under the interpreter, whose bf16 dot is wrong)."""
-    if FP32_DOT:
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
-@triton.jit
-def _round_to(x, dtype: tl.constexpr, FIX_BF16: tl.constexpr):
-    """x (float32).to(dtype), rounding to nearest even. FIX_BF16 (TRITON_INTERPRET=1 only): the Triton
-    3.9 interpreter truncates float32 -> bfloat16, so round the bits first (truncation is then exact)."""
-    if FIX_BF16 and dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
-    return x.to(dtype)
 
 
 @triton.jit
@@ -119,6 +98,20 @@ def _moe_align_kernel(chosen_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, s
         tl.store(sorted_ptr + row, p, mask=p < P)
 
 
+@triton.jit
+def _slot_expert(slot, slot_expert_ptr, slot_start_ptr, slot_count_ptr, w_ptr, shared_w_ptr, R, expert_numel):
+    """Slot `slot`'s expert: its first row in the expert-sorted order, its row count, and the base of
+    its weights (routed experts, ids < R, in w_ptr; shared ones, ids R.., in shared_w_ptr)."""
+    e = tl.load(slot_expert_ptr + slot)
+    start = tl.load(slot_start_ptr + slot)
+    cnt = tl.load(slot_count_ptr + slot)
+    if e < R:
+        w_base = w_ptr + e.to(tl.int64) * expert_numel
+    else:
+        w_base = shared_w_ptr + (e - R).to(tl.int64) * expert_numel
+    return start, cnt, w_base
+
+
 @triton.heuristics({"EVEN_K": lambda a: a["H"] % a["BLOCK_K"] == 0})
 @triton.jit
 def _moe_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, slot_count_ptr,
@@ -128,13 +121,8 @@ def _moe_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, slot_expert_ptr, slot_s
     slot = tl.program_id(0)
     if slot >= tl.load(num_slots_ptr):
         return
-    e = tl.load(slot_expert_ptr + slot)
-    start = tl.load(slot_start_ptr + slot)
-    cnt = tl.load(slot_count_ptr + slot)
-    if e < R:
-        w_base = w13_ptr + e.to(tl.int64) * (2 * F * H)
-    else:
-        w_base = sw13_ptr + (e - R).to(tl.int64) * (2 * F * H)
+    start, cnt, w_base = _slot_expert(slot, slot_expert_ptr, slot_start_ptr, slot_count_ptr, w13_ptr, sw13_ptr, R,
+                                      2 * F * H)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     f_ok = f < F
     kk = tl.arange(0, BLOCK_K)
@@ -158,11 +146,11 @@ def _moe_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, slot_expert_ptr, slot_s
                 wg = tl.load(g_ptrs + k0, mask=f_ok[:, None] & k_ok[None, :], other=0.0)
                 wu = tl.load(u_ptrs + k0, mask=f_ok[:, None] & k_ok[None, :], other=0.0)
                 xt = tl.load(x_ptrs + k0, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
-            acc_g = _dot(wg, xt, acc_g, FP32_DOT)
-            acc_u = _dot(wu, xt, acc_u, FP32_DOT)
+            acc_g = dot(wg, xt, acc_g, FP32_DOT)
+            acc_u = dot(wu, xt, acc_u, FP32_DOT)
         act = acc_g * tl.sigmoid(acc_g) * acc_u                               # silu(g) * u
         tl.store(act_ptr + rows[None, :].to(tl.int64) * F + f[:, None],
-                 _round_to(act, act_ptr.dtype.element_ty, FIX_BF16), mask=f_ok[:, None] & r_ok[None, :])
+                 round_to(act, act_ptr.dtype.element_ty, FIX_BF16), mask=f_ok[:, None] & r_ok[None, :])
 
 
 @triton.heuristics({"EVEN_K": lambda a: a["F"] % a["BLOCK_K"] == 0})
@@ -174,13 +162,8 @@ def _moe_down_kernel(act_ptr, w2_ptr, sw2_ptr, sorted_ptr, slot_expert_ptr, slot
     slot = tl.program_id(0)
     if slot >= tl.load(num_slots_ptr):
         return
-    e = tl.load(slot_expert_ptr + slot)
-    start = tl.load(slot_start_ptr + slot)
-    cnt = tl.load(slot_count_ptr + slot)
-    if e < R:
-        w_base = w2_ptr + e.to(tl.int64) * (H * F)
-    else:
-        w_base = sw2_ptr + (e - R).to(tl.int64) * (H * F)
+    start, cnt, w_base = _slot_expert(slot, slot_expert_ptr, slot_start_ptr, slot_count_ptr, w2_ptr, sw2_ptr, R,
+                                      H * F)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = h < H
     kk = tl.arange(0, BLOCK_K)
@@ -200,7 +183,7 @@ def _moe_down_kernel(act_ptr, w2_ptr, sw2_ptr, sorted_ptr, slot_expert_ptr, slot
                 k_ok = (k0 + kk) < F
                 w = tl.load(w_ptrs + k0, mask=h_ok[:, None] & k_ok[None, :], other=0.0)
                 at = tl.load(a_ptrs + k0, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
-            acc = _dot(w, at, acc, FP32_DOT)
+            acc = dot(w, at, acc, FP32_DOT)
         wt = tl.load(weights_ptr + pair, mask=r_ok, other=0.0)                # the pair's routing weight
         tl.store(pair_out_ptr + pair[None, :].to(tl.int64) * H + h[:, None], acc * wt[None, :],
                  mask=h_ok[:, None] & r_ok[None, :])
@@ -215,7 +198,7 @@ def _moe_combine_kernel(pair_out_ptr, y_ptr, H, KS, BLOCK_J: tl.constexpr, BLOCK
     h_ok = h < H
     v = tl.load(pair_out_ptr + (t * KS + j)[:, None] * H + h[None, :], mask=(j < KS)[:, None] & h_ok[None, :],
                 other=0.0)
-    tl.store(y_ptr + t * H + h, _round_to(tl.sum(v, axis=0), y_ptr.dtype.element_ty, FIX_BF16), mask=h_ok)
+    tl.store(y_ptr + t * H + h, round_to(tl.sum(v, axis=0), y_ptr.dtype.element_ty, FIX_BF16), mask=h_ok)
 
 
 _UP_CONFIGS = [
@@ -235,8 +218,8 @@ _DOWN_CONFIGS = [
     triton.Config({"BLOCK_H": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
 ]
 _KEY = ["H", "F", "n_bucket", "FP32_DOT"]  # (FIX_BF16 is off on a GPU)
-_up = _moe_up_kernel if INTERPRET else triton.autotune(configs=_UP_CONFIGS, key=_KEY)(_moe_up_kernel)
-_down = _moe_down_kernel if INTERPRET else triton.autotune(configs=_DOWN_CONFIGS, key=_KEY)(_moe_down_kernel)
+_up = _moe_up_kernel if interpreting() else triton.autotune(configs=_UP_CONFIGS, key=_KEY)(_moe_up_kernel)
+_down = _moe_down_kernel if interpreting() else triton.autotune(configs=_DOWN_CONFIGS, key=_KEY)(_moe_down_kernel)
 _UP_INTERPRET = dict(BLOCK_F=16, BLOCK_K=32, num_warps=4)
 _DOWN_INTERPRET = dict(BLOCK_H=16, BLOCK_K=16, num_warps=4)
 
@@ -285,8 +268,8 @@ def moe_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w1
     if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[1] % 2 != 0:
         raise ValueError("w13 must be a tensor [R, 2F, H] (gate and up rows interleaved)")
     R, F = w13.shape[0], w13.shape[1] // 2
-    check_float(w13, "w13", (R, 2 * F, H), x.device, (x.dtype,))
-    check_float(w2, "w2", (R, H, F), x.device, (x.dtype,))
+    check_tensor("w13", w13, (R, 2 * F, H), x.dtype, x.device, contiguous=True)
+    check_tensor("w2", w2, (R, H, F), x.dtype, x.device, contiguous=True)
     if (shared_w13 is None) != (shared_w2 is None):
         raise ValueError("shared_w13 and shared_w2 must be given together (or both None for no shared experts)")
     S = 0
@@ -294,18 +277,14 @@ def moe_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w1
         if not isinstance(shared_w13, torch.Tensor) or shared_w13.dim() != 3:
             raise ValueError(f"shared_w13 must be a tensor [S, {2 * F}, {H}]")
         S = shared_w13.shape[0]
-        check_float(shared_w13, "shared_w13", (S, 2 * F, H), x.device, (x.dtype,))
-        check_float(shared_w2, "shared_w2", (S, H, F), x.device, (x.dtype,))
-    if not isinstance(chosen, torch.Tensor) or chosen.dim() != 2 or chosen.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"chosen must be an int32/int64 tensor [N, k] (N = {N})")
+        check_tensor("shared_w13", shared_w13, (S, 2 * F, H), x.dtype, x.device, contiguous=True)
+        check_tensor("shared_w2", shared_w2, (S, H, F), x.dtype, x.device, contiguous=True)
+    check_tensor("chosen", chosen, dtypes=INDEX_DTYPES, device=x.device, contiguous=True)
+    need(chosen.dim() == 2 and chosen.shape[0] == N and 1 <= chosen.shape[1] <= R,
+         f"chosen must be a tensor [{N}, k] with 1 <= k <= R = {R}, got {tuple(chosen.shape)}")
     K = chosen.shape[1]
-    if chosen.shape[0] != N or not 1 <= K <= R or chosen.device != x.device or not chosen.is_contiguous():
-        raise ValueError(f"chosen must be a contiguous tensor [{N}, k] with 1 <= k <= R = {R} on {x.device}, "
-                         f"got {tuple(chosen.shape)} on {chosen.device}")
-    check_float(weights, "weights", (N, K + S), x.device, (torch.float32,))
-    if out is None:
-        out = torch.empty(N, H, dtype=x.dtype, device=x.device)
-    check_float(out, "out", (N, H), x.device, (x.dtype,))
+    check_tensor("weights", weights, (N, K + S), torch.float32, x.device, contiguous=True)
+    out = out_tensor("out", out, (N, H), x.dtype, x.device)
     if N == 0:
         return out
     KS, E = K + S, R + S
@@ -320,18 +299,19 @@ def moe_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w1
     _moe_align_kernel[(1,)](chosen, sorted_pairs, slot_info[0], slot_info[1], slot_info[2], num_slots,
                             P, R, K, KS, E, BLOCK_P=min(128, max(16, triton.next_power_of_2(P))),
                             BLOCK_E=128, num_warps=8)
-    fp32_dot = x.dtype == torch.float32 or INTERPRET
+    interp = interpreting()
+    fp32_dot = x.dtype == torch.float32 or interp
     n_bucket = triton.next_power_of_2(N)
     common = (sorted_pairs, slot_info[0], slot_info[1], slot_info[2], num_slots)
     _up[lambda m: (max_slots, triton.cdiv(F, m["BLOCK_F"]))](
         x, w13, shared_w13 if S else w13, *common, act, H, F, R, KS, n_bucket,
-        BLOCK_M=BLOCK_M, FP32_DOT=fp32_dot, FIX_BF16=INTERPRET, **(_UP_INTERPRET if INTERPRET else {}))
+        BLOCK_M=BLOCK_M, FP32_DOT=fp32_dot, FIX_BF16=interp, **(_UP_INTERPRET if interp else {}))
     _down[lambda m: (max_slots, triton.cdiv(H, m["BLOCK_H"]))](
         act, w2, shared_w2 if S else w2, *common, weights, pair_out, H, F, R, n_bucket,
-        BLOCK_M=BLOCK_M, FP32_DOT=fp32_dot, **(_DOWN_INTERPRET if INTERPRET else {}))
+        BLOCK_M=BLOCK_M, FP32_DOT=fp32_dot, **(_DOWN_INTERPRET if interp else {}))
     BLOCK_H = 256
     _moe_combine_kernel[(N, triton.cdiv(H, BLOCK_H))](pair_out, out, H, KS, BLOCK_J=triton.next_power_of_2(KS),
-                                                       BLOCK_H=BLOCK_H, FIX_BF16=INTERPRET, num_warps=4)
+                                                       BLOCK_H=BLOCK_H, FIX_BF16=interp, num_warps=4)
     return out
 
 

@@ -19,15 +19,12 @@ Two launches, no host sync:
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-ROUTER_SPLITS = 8 if not INTERPRET else 2   # H is split over this many programs per expert tile
+from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, dot, interpreting, need
 
 
 @triton.jit
@@ -46,10 +43,7 @@ def _router_logits_kernel(x_ptr, wg_ptr, z_ptr, N, H, E, H_SPLIT, BLOCK_E: tl.co
                     mask=e_ok[:, None] & k_ok[None, :], other=0.0)
         xt = tl.load(x_ptr + n[None, :].to(tl.int64) * H + k0 + kk[:, None],
                      mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if FP32_DOT:   # float32 operands, mixed dtypes, or the interpreter (see lm_head_argmax._dot)
-            acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, xt, acc)
+        acc = dot(w, xt, acc, FP32_DOT)
     tl.store(z_ptr + (split * N + n[None, :]) * E + e[:, None], acc, mask=e_ok[:, None] & n_ok[None, :])
 
 
@@ -110,26 +104,11 @@ def moe_route_torch(x: torch.Tensor, router_weight: torch.Tensor, router_bias: t
     return chosen, w
 
 
-def check_float(t, name: str, shape: tuple, device, dtypes=FLOAT_DTYPES) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype not in dtypes:
-        raise ValueError(f"{name} must be a {'/'.join(str(d).removeprefix('torch.') for d in dtypes)} "
-                         f"tensor of shape {shape}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, x on {device}: they must be on one device")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (strides {t.stride()})")
-
-
 def check_x(x) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in FLOAT_DTYPES:
-        raise ValueError("x must be a float32/float16/bfloat16 tensor [N, H]")
-    if x.device.type != "cuda" and not INTERPRET:
-        raise ValueError(f"x is on {x.device}: the Triton kernels need CUDA tensors "
-                         "(CPU tensors only under TRITON_INTERPRET=1)")
-    if not x.is_contiguous():
-        raise ValueError(f"x must be contiguous (strides {x.stride()})")
+    """x: a contiguous float tensor [N, H] the kernels can read (the MoE wrappers' activations)."""
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, contiguous=True)
+    need(x.dim() == 2, f"x must be a tensor [N, H], got shape {tuple(x.shape)}")
+    check_kernel_device("x", x)
 
 
 def moe_route(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor,
@@ -146,8 +125,8 @@ def moe_route(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.T
     if not isinstance(router_weight, torch.Tensor) or router_weight.dim() != 2 or router_weight.shape[0] < R:
         raise ValueError(f"router_weight must be a float tensor [R + S, H] with R = {R} (router_bias' length)")
     E = router_weight.shape[0]
-    check_float(router_weight, "router_weight", (E, H), x.device)
-    check_float(router_bias, "router_bias", (R,), x.device, FLOAT_DTYPES + (torch.float64,))
+    check_tensor("router_weight", router_weight, (E, H), FLOAT_DTYPES, x.device, contiguous=True)
+    check_tensor("router_bias", router_bias, (R,), FLOAT_DTYPES + (torch.float64,), x.device, contiguous=True)
     if not isinstance(gate_global_scale, torch.Tensor) or gate_global_scale.numel() != 1 \
             or not gate_global_scale.is_floating_point() or gate_global_scale.device != x.device:
         raise ValueError(f"gate_global_scale must be a 1-element float tensor on {x.device}")
@@ -162,16 +141,18 @@ def moe_route(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.T
         return chosen, weights
     BLOCK_N = min(64, max(16, triton.next_power_of_2(N)))
     BLOCK_E = 16
-    BLOCK_K = 128 if not INTERPRET else 32
-    # split H so that enough programs stream W_gate (17 expert tiles alone would leave the GPU idle)
-    splits = max(1, min(ROUTER_SPLITS, triton.cdiv(H, BLOCK_K)))
+    interp = interpreting()
+    BLOCK_K = 128 if not interp else 32
+    # split H over up to 8 programs per expert tile, so that enough programs stream W_gate (its
+    # rows make only ceil(E / 16) tiles); fewer under the interpreter, where programs run one by one
+    splits = max(1, min(8 if not interp else 2, triton.cdiv(H, BLOCK_K)))
     h_split = triton.cdiv(triton.cdiv(H, splits), BLOCK_K) * BLOCK_K
     splits = triton.cdiv(H, h_split)
     z = torch.empty(splits, N, E, dtype=torch.float32, device=x.device)     # partial logits per split
-    fp32_dot = x.dtype == torch.float32 or router_weight.dtype != x.dtype or INTERPRET
+    fp32_dot = x.dtype == torch.float32 or router_weight.dtype != x.dtype or interp
     _router_logits_kernel[(triton.cdiv(E, BLOCK_E), triton.cdiv(N, BLOCK_N), splits)](
         x, router_weight, z, N, H, E, h_split, BLOCK_E=BLOCK_E, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        FP32_DOT=fp32_dot, num_warps=4, num_stages=3 if not INTERPRET else 1)
+        FP32_DOT=fp32_dot, num_warps=4, num_stages=3 if not interp else 1)
     SEL_N = 4 if triton.next_power_of_2(R) >= 512 else 16
     _router_select_kernel[(triton.cdiv(N, SEL_N),)](
         z, router_bias, gate_global_scale, chosen, weights, N, R, S, float(route_scale), SPLITS=splits, TOP_K=top_k,

@@ -3,11 +3,16 @@
     c = [ rms(h_prev; hidden_norm) | rms(rms(E[x]; backbone_embed_norm); embed_norm) ]   [N, 2H]
           hidden FIRST                embedding second (double-normed)
 
+Shapes: h_prev [..., H] (last dimension contiguous), ids [...] int32/int64, table [V, H], norms [H];
+c [..., 2H] in h_prev's dtype. fp32 math, weights multiplied in fp32.
+
 Grid (N, 2): program (i, 0) norms row i of h_prev into c[i, :H]; program (i, 1) gathers E[x_i],
 norms it twice (the first result rounded to the model dtype, as the reference's trunk embedding
-is a model-dtype tensor) and writes c[i, H:]. A row that fits one `launch_config` piece (decode
-sizes) is read once and kept in registers; longer rows are read in pieces, one pass per norm and one
-to write. fp32 math, weights multiplied in fp32.
+is a model-dtype tensor) and writes c[i, H:]. Two ways to hold a row (`launch_config`):
+  * up to DECODE_ROWS rows (decode steps and the windows of small batches): the whole row as one
+    power-of-two piece in registers, read once (a short call is latency-bound: one pass is best);
+  * more rows: pieces of at most 2048 lanes (so H = 6144 is three full pieces, no masked lanes),
+    one pass per norm and one to write, the later passes re-reading the row from L1/L2.
 Out-of-range ids: NaN in c[i, H:] when check_ids=False, an error when True (see embed_norm.py).
 """
 
@@ -17,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .rms_norm import FLOAT_DTYPES, interpreting
+from .common import (FLOAT_DTYPES, INDEX_DTYPES, check_ids_in_range, check_kernel_device, check_tensor, need,
+                     out_tensor)
 
 DECODE_ROWS = 64   # up to this many rows: one piece per row (see launch_config)
 
@@ -52,9 +58,8 @@ def _embedding_piece(base, wb_ptr, o, m, ok, r1, dt: tl.constexpr):
 @triton.jit
 def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, V, H, h_row, table_row,
                       c_row, eps, CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
-    # One row per program, read in NCHUNK pieces of CHUNK (launch_config: 2048-wide pieces for many
-    # rows, so H = 6144 pads no lanes; the whole row as one piece at decode sizes). One piece: a
-    # single pass. Several: every pass after the first re-reads the row (L1/L2 hits):
+    # One row per program, read in NCHUNK pieces of CHUNK lanes. One piece: a single pass. Several:
+    # every pass after the first re-reads the row (L1/L2 hits):
     #   half 0:  r = rsqrt(mean(h^2) + eps)                       then c[:H] = h * r * wh
     #   half 1:  r1 from E[x];  e = round(E[x] * r1 * wb);  r2 from e;  then c[H:] = e * r2 * we
     row = tl.program_id(0).to(tl.int64)
@@ -107,11 +112,8 @@ def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, 
 
 
 def launch_config(H: int, n_rows: int) -> tuple[int, int]:
-    """(CHUNK, num_warps). Many rows: 2048-wide pieces, 4 warps; on the H200 at 16384 rows
-    (docs/benchmarks/tuning.md) 86 % of copy bandwidth at H = 6144 against 78 % for whole rows padded
-    to 8192 lanes, and 86 % against 89 % at H = 4096. Decode sizes (<= 64 rows, latency-bound): the
-    whole row as one piece with up to 8 warps, read in one pass: 3.6-4.3 µs at 1-64 rows, against
-    4.3-5.8 µs for the same piece in three passes (A/B in one run, tuning.md)."""
+    """(CHUNK, num_warps): up to DECODE_ROWS rows the whole row as one piece, up to 8 warps (16-32
+    elements per thread at the model widths); more rows pieces of at most 2048 lanes, 4 warps."""
     if n_rows <= DECODE_ROWS:
         block = max(16, triton.next_power_of_2(H))
         return block, max(1, min(8, block // 512))
@@ -139,44 +141,24 @@ def mtp_input(h_prev: torch.Tensor, ids: torch.Tensor, table: torch.Tensor, hidd
     Returns c: [..., 2H] = [rms(h_prev; hidden_norm) | rms(rms(E[ids]; backbone_embed_norm); embed_norm)],
     written into `out` (contiguous, e.g. the static input buffer of input_proj) when given.
     `check_ids=True` checks the id range on the host (one device sync); pass False inside CUDA graphs."""
-    if not isinstance(h_prev, torch.Tensor) or h_prev.dim() < 1 or h_prev.dtype not in FLOAT_DTYPES:
-        raise ValueError("h_prev must be a float32/float16/bfloat16 tensor [..., H]")
-    if h_prev.device.type != "cuda" and not interpreting():
-        raise ValueError(f"h_prev is on {h_prev.device}: the Triton kernels need CUDA tensors "
-                         "(CPU tensors only under TRITON_INTERPRET=1)")
+    check_tensor("h_prev", h_prev, dtypes=FLOAT_DTYPES)
+    need(h_prev.dim() >= 1 and h_prev.shape[-1] > 0 and h_prev.stride(-1) == 1,
+         f"h_prev must have a non-empty contiguous last dimension, got shape {tuple(h_prev.shape)} "
+         f"strides {h_prev.stride()}")
+    check_kernel_device("h_prev", h_prev)
     H, dev, dt = h_prev.shape[-1], h_prev.device, h_prev.dtype
-    if H == 0 or h_prev.stride(-1) != 1:
-        raise ValueError(f"h_prev must have a non-empty contiguous last dimension, got shape "
-                         f"{tuple(h_prev.shape)} strides {h_prev.stride()}")
-    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError("ids must be an int32 or int64 tensor")
-    if ids.shape != h_prev.shape[:-1] or ids.device != dev:
-        raise ValueError(f"ids must have shape {tuple(h_prev.shape[:-1])} (h_prev's leading shape) on {dev}, "
-                         f"got {tuple(ids.shape)} on {ids.device}")
-    if not isinstance(table, torch.Tensor) or table.dim() != 2 or table.shape[1] != H or table.dtype != dt \
-            or table.device != dev or table.stride(1) != 1:
-        raise ValueError(f"table must be a [V, {H}] {dt} tensor on {dev} with a contiguous last dimension, got "
-                         f"{getattr(table, 'dtype', None)} {tuple(getattr(table, 'shape', ()))}")
+    check_tensor("ids", ids, tuple(h_prev.shape[:-1]), INDEX_DTYPES, dev)
+    check_tensor("table", table, dtypes=dt, device=dev)
+    need(table.dim() == 2 and table.shape[1] == H and table.stride(1) == 1,
+         f"table must be a [V, {H}] tensor with a contiguous last dimension, got {tuple(table.shape)}")
     for name, w in (("hidden_norm", hidden_norm), ("backbone_embed_norm", backbone_embed_norm),
                     ("embed_norm", embed_norm)):
-        if not isinstance(w, torch.Tensor) or w.shape != (H,) or w.dtype not in FLOAT_DTYPES \
-                or w.device != dev or w.stride(0) != 1:
-            raise ValueError(f"{name} must be a contiguous float tensor of shape ({H},) on {dev}")
-    if not isinstance(eps, (int, float)) or not eps > 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+        check_tensor(name, w, (H,), FLOAT_DTYPES, dev, contiguous=True)
+    need(isinstance(eps, (int, float)) and eps > 0, f"eps must be a positive number, got {eps!r}")
     V = table.shape[0]
     if check_ids and ids.numel() > 0:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("check_ids=True syncs with the device; pass check_ids=False inside a CUDA graph")
-        bad = (ids < 0) | (ids >= V)
-        if bool(bad.any()):
-            raise ValueError(f"ids out of range [0, {V}): e.g. {ids[bad][:4].tolist()}")
-    shape = tuple(h_prev.shape[:-1]) + (2 * H,)
-    if out is None:
-        out = torch.empty(shape, dtype=dt, device=dev)
-    if out.shape != shape or out.dtype != dt or out.device != dev or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {dt} tensor of shape {shape} on {dev}, got "
-                         f"{out.dtype} {tuple(out.shape)} on {out.device} (contiguous: {out.is_contiguous()})")
+        check_ids_in_range(ids, V)
+    out = out_tensor("out", out, tuple(h_prev.shape[:-1]) + (2 * H,), dt, dev)
     try:
         h2 = h_prev.view(-1, H)
     except RuntimeError:

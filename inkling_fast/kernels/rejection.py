@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .accept import INT_DTYPES, accept_outputs
-from .sampling import BLOCK_V, PROB_DTYPES, _inverse_cdf, check_device, sample_tokens_torch
+from .accept import accept_outputs
+from .common import INDEX_DTYPES, PROB_DTYPES, check_kernel_device, check_tensor, need
+from .sampling import BLOCK_V, _inverse_cdf, sample_tokens_torch
 
 
 @triton.jit
@@ -118,32 +119,21 @@ def rejection_sample(p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tens
     [0, 1) (any strides: e.g. columns of one [B, 2K+1] draw); k_eff: int [B] (<= K, clamped) or None.
     Returns (a int32 [B], next_token int64 [B], emitted int64 [B, K+1]), into `out` when given.
     One launch, no host sync."""
-    if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype not in PROB_DTYPES:
-        raise ValueError("p must be a float64/float32 tensor [B, K+1, V]")
-    check_device(p, "p")
-    if not p.is_contiguous():
-        raise ValueError(f"p must be contiguous (strides {p.stride()})")
+    check_tensor("p", p, dtypes=PROB_DTYPES, contiguous=True)
+    need(p.dim() == 3 and p.shape[1] >= 1 and p.shape[2] >= 1,
+         f"p must be a tensor [B, K+1, V] with K+1 >= 1 rows and V >= 1 ids, got shape {tuple(p.shape)}")
+    check_kernel_device("p", p)
     B, K1, V = p.shape
     K = K1 - 1
-    if K1 == 0 or V == 0:
-        raise ValueError(f"p has shape {tuple(p.shape)}: it needs K+1 >= 1 rows and V >= 1 ids")
     if q is not None:
-        if not isinstance(q, torch.Tensor) or tuple(q.shape) != (B, K, V) or q.dtype != p.dtype \
-                or q.device != p.device or not q.is_contiguous():
-            raise ValueError(f"q must be None (greedy drafting) or a contiguous {p.dtype} tensor of shape "
-                             f"{(B, K, V)} on {p.device}")
-    if not isinstance(drafts, torch.Tensor) or drafts.dtype not in INT_DTYPES or tuple(drafts.shape) != (B, K) \
-            or drafts.device != p.device or not drafts.is_contiguous():
-        raise ValueError(f"drafts must be a contiguous int32/int64 tensor of shape {(B, K)} on {p.device}")
-    if not isinstance(u_accept, torch.Tensor) or not u_accept.is_floating_point() \
-            or tuple(u_accept.shape) != (B, K) or u_accept.device != p.device:
-        raise ValueError(f"u_accept must be a float tensor of shape {(B, K)} on {p.device}")
-    if not isinstance(u_final, torch.Tensor) or not u_final.is_floating_point() \
-            or tuple(u_final.shape) != (B,) or u_final.device != p.device:
-        raise ValueError(f"u_final must be a float tensor of shape ({B},) on {p.device}")
-    if k_eff is not None and (not isinstance(k_eff, torch.Tensor) or k_eff.dtype not in INT_DTYPES
-                              or tuple(k_eff.shape) != (B,) or k_eff.device != p.device):
-        raise ValueError(f"k_eff must be None or an int32/int64 tensor of shape ({B},) on {p.device}")
+        check_tensor("q", q, (B, K, V), p.dtype, p.device, contiguous=True)
+    check_tensor("drafts", drafts, (B, K), INDEX_DTYPES, p.device, contiguous=True)
+    need(isinstance(u_accept, torch.Tensor) and u_accept.is_floating_point() and tuple(u_accept.shape) == (B, K)
+         and u_accept.device == p.device, f"u_accept must be a float tensor of shape {(B, K)} on {p.device}")
+    need(isinstance(u_final, torch.Tensor) and u_final.is_floating_point() and tuple(u_final.shape) == (B,)
+         and u_final.device == p.device, f"u_final must be a float tensor of shape ({B},) on {p.device}")
+    if k_eff is not None:
+        check_tensor("k_eff", k_eff, (B,), INDEX_DTYPES, p.device)
     a, nxt, emitted = accept_outputs(out, B, K, p.device)
     if B > 0:
         _rejection_kernel[(B,)](p, q if q is not None else p, drafts, k_eff if k_eff is not None else a,

@@ -1,53 +1,52 @@
-"""RMSNorm, and residual-add fused with RMSNorm: whole rows held in registers, `launch_config` rows per program.
+"""RMSNorm, and residual-add fused with RMSNorm: one row per program, held whole in registers.
 
     rms_norm:      y = x * rsqrt(mean(x^2) + eps) * w
     add_rms_norm:  s = x + residual  (rounded to the model dtype: the new residual stream)
                    y = rms_norm(s)
 
 Numerics as the reference (`inkling_ref.norm.rms_norm`): fp32 math, the weight multiplied in fp32,
-one rounding to the model dtype at the end. Shapes: x, residual [..., H]; weight [H].
+one rounding to the model dtype at the end. Shapes: x, residual [..., H] (any leading dimensions that
+view as rows without a copy, last dimension contiguous); weight [H].
+
+Program layout: program i takes row i, BLOCK_H = H rounded up to a power of two lanes (masked past
+H), so the sum of squares is one in-register reduction and the row is read once. Up to 8 warps keep
+16-32 elements per thread at the model widths.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, need
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, N, H, x_row, y_row, eps, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)    # ROWS rows per program
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, H, x_row, y_row, eps, BLOCK_H: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
-    h_in = offs < H
-    mask = (row < N)[:, None] & h_in[None, :]
-    x = tl.load(x_ptr + row[:, None] * x_row + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=h_in, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)                       # [ROWS]
-    tl.store(y_ptr + row[:, None] * y_row + offs[None, :], (x * r[:, None] * w[None, :]).to(y_ptr.dtype.element_ty),
-             mask=mask)
+    m = offs < H
+    x = tl.load(x_ptr + row * x_row + offs, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, 0) / H + eps)
+    tl.store(y_ptr + row * y_row + offs, (x * r * w).to(y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, s_ptr, y_ptr, N, H, x_row, res_row, s_row, y_row, eps,
-                         ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, s_ptr, y_ptr, H, x_row, res_row, s_row, y_row, eps,
+                         BLOCK_H: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
-    h_in = offs < H
-    mask = (row < N)[:, None] & h_in[None, :]
-    x = tl.load(x_ptr + row[:, None] * x_row + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-    res = tl.load(res_ptr + row[:, None] * res_row + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    m = offs < H
+    x = tl.load(x_ptr + row * x_row + offs, mask=m, other=0.0).to(tl.float32)
+    res = tl.load(res_ptr + row * res_row + offs, mask=m, other=0.0).to(tl.float32)
     s = (x + res).to(s_ptr.dtype.element_ty)  # the residual stream is kept in the model dtype
-    tl.store(s_ptr + row[:, None] * s_row + offs[None, :], s, mask=mask)
+    tl.store(s_ptr + row * s_row + offs, s, mask=m)
     sf = s.to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=h_in, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(sf * sf, axis=1) / H + eps)
-    tl.store(y_ptr + row[:, None] * y_row + offs[None, :], (sf * r[:, None] * w[None, :]).to(y_ptr.dtype.element_ty),
-             mask=mask)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(sf * sf, 0) / H + eps)
+    tl.store(y_ptr + row * y_row + offs, (sf * r * w).to(y_ptr.dtype.element_ty), mask=m)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,52 +69,29 @@ def add_rms_norm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 # ---------------------------------------------------------------------------------------------
 # wrappers
 
-def interpreting() -> bool:
-    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+def _num_warps(H: int) -> int:
+    return max(1, min(8, triton.next_power_of_2(H) // 512))
 
 
-def launch_config(H: int, n_rows: int) -> tuple[int, int]:
-    """(rows per program, num_warps) of the row kernels of this module (BLOCK_H = next power of 2 of H):
-    one row, up to 8 warps (16-32 elements per thread); on the H200 at H = 4096 / 6144 this beat 16
-    warps and 2-4 rows per program (docs/benchmarks/tuning.md)."""
-    return 1, max(1, min(8, triton.next_power_of_2(H) // 512))
-
-
-def _check_row_tensor(name: str, t: torch.Tensor, H: int, device: torch.device, dtype: torch.dtype,
-                      shape: torch.Size | None = None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of x)")
-    if t.dtype != dtype:
-        raise ValueError(f"{name} has dtype {t.dtype}, expected {dtype} (the dtype of x)")
-    if shape is not None and t.shape != shape:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} (the shape of x)")
-    if t.dim() < 1 or t.shape[-1] != H or (t.numel() > 0 and t.stride(-1) != 1):
-        raise ValueError(f"{name} must have a contiguous last dimension of size {H}, "
-                         f"got shape {tuple(t.shape)} strides {t.stride()}")
+def _check_rows(name: str, t, H: int, like: torch.Tensor | None = None) -> None:
+    """t: [..., H] with a contiguous last dimension; with `like`, also of like's shape, dtype and device."""
+    if like is None:
+        check_tensor(name, t)
+    else:
+        check_tensor(name, t, like.shape, like.dtype, like.device)
+    need(t.dim() >= 1 and t.shape[-1] == H and (t.numel() == 0 or t.stride(-1) == 1),
+         f"{name} must have a contiguous last dimension of size {H}, got shape {tuple(t.shape)} strides {t.stride()}")
 
 
 def _check_common(x: torch.Tensor, weight: torch.Tensor, eps: float) -> int:
-    if not isinstance(x, torch.Tensor) or x.dim() < 1:
-        raise ValueError("x must be a tensor [..., H] with at least one dimension")
-    if x.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"x has dtype {x.dtype}; supported: float32, float16, bfloat16")
-    if x.device.type != "cuda" and not interpreting():
-        raise ValueError(f"x is on {x.device}: the Triton kernels need CUDA tensors "
-                         "(CPU tensors only under TRITON_INTERPRET=1)")
+    check_tensor("x", x, dtypes=FLOAT_DTYPES)
+    need(x.dim() >= 1 and x.shape[-1] > 0, f"x must be a tensor [..., H] with H > 0, got shape {tuple(x.shape)}")
+    check_kernel_device("x", x)
     H = x.shape[-1]
-    if H == 0:
-        raise ValueError("x has an empty last dimension (H = 0)")
-    if not isinstance(weight, torch.Tensor) or weight.shape != (H,):
-        raise ValueError(f"weight must be a tensor of shape ({H},), got "
-                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-    if weight.dtype not in FLOAT_DTYPES or weight.device != x.device or weight.stride(0) != 1:
-        raise ValueError(f"weight must be a contiguous float tensor on {x.device}, got {weight.dtype} "
-                         f"on {weight.device} with stride {weight.stride()}")
-    if not isinstance(eps, (int, float)) or not eps > 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    need(isinstance(weight, torch.Tensor) and weight.shape == (H,), f"weight must be a tensor of shape ({H},), got "
+         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    check_tensor("weight", weight, dtypes=FLOAT_DTYPES, device=x.device, contiguous=True)
+    need(isinstance(eps, (int, float)) and eps > 0, f"eps must be a positive number, got {eps!r}")
     return H
 
 
@@ -131,16 +107,14 @@ def _rows(name: str, t: torch.Tensor, H: int) -> torch.Tensor:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """x: [..., H], weight: [H] -> y: [..., H] in x's dtype, written into `out` when given."""
     H = _check_common(x, weight, eps)
-    _check_row_tensor("x", x, H, x.device, x.dtype)
+    _check_rows("x", x, H)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _check_row_tensor("out", out, H, x.device, x.dtype, x.shape)
+    _check_rows("out", out, H, like=x)
     x2, y2 = _rows("x", x, H), _rows("out", out, H)
     if x2.shape[0] > 0:
-        N = x2.shape[0]
-        rows, warps = launch_config(H, N)
-        _rms_norm_kernel[(triton.cdiv(N, rows),)](x2, weight, y2, N, H, x2.stride(0), y2.stride(0), float(eps),
-                                                  ROWS=rows, BLOCK_H=triton.next_power_of_2(H), num_warps=warps)
+        _rms_norm_kernel[(x2.shape[0],)](x2, weight, y2, H, x2.stride(0), y2.stride(0), float(eps),
+                                         BLOCK_H=triton.next_power_of_2(H), num_warps=_num_warps(H))
     return out
 
 
@@ -152,22 +126,20 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     `out_sum` may be `residual` (or x) itself, updated in place: each element is read before it is
     written, by the same program. `out` must be a separate buffer."""
     H = _check_common(x, weight, eps)
-    _check_row_tensor("x", x, H, x.device, x.dtype)
-    _check_row_tensor("residual", residual, H, x.device, x.dtype, x.shape)
+    _check_rows("x", x, H)
+    _check_rows("residual", residual, H, like=x)
     if out_sum is None:
         out_sum = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _check_row_tensor("out_sum", out_sum, H, x.device, x.dtype, x.shape)
-    _check_row_tensor("out", out, H, x.device, x.dtype, x.shape)
-    if out.numel() > 0 and out.data_ptr() in (x.data_ptr(), residual.data_ptr(), out_sum.data_ptr()):
-        raise ValueError("out must not alias x, residual or out_sum (the normed output is a separate buffer)")
+    _check_rows("out_sum", out_sum, H, like=x)
+    _check_rows("out", out, H, like=x)
+    need(out.numel() == 0 or out.data_ptr() not in (x.data_ptr(), residual.data_ptr(), out_sum.data_ptr()),
+         "out must not alias x, residual or out_sum (the normed output is a separate buffer)")
     x2, r2 = _rows("x", x, H), _rows("residual", residual, H)
     s2, y2 = _rows("out_sum", out_sum, H), _rows("out", out, H)
     if x2.shape[0] > 0:
-        N = x2.shape[0]
-        rows, warps = launch_config(H, N)
-        _add_rms_norm_kernel[(triton.cdiv(N, rows),)](x2, r2, weight, s2, y2, N, H, x2.stride(0), r2.stride(0),
-                                                      s2.stride(0), y2.stride(0), float(eps), ROWS=rows,
-                                                      BLOCK_H=triton.next_power_of_2(H), num_warps=warps)
+        _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, s2, y2, H, x2.stride(0), r2.stride(0), s2.stride(0),
+                                             y2.stride(0), float(eps), BLOCK_H=triton.next_power_of_2(H),
+                                             num_warps=_num_warps(H))
     return out_sum, out

@@ -24,16 +24,14 @@ probability ~1e-12 per draw for random logits. Tests use such inputs and require
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from inkling_ref.sampling import SamplingParams
 
-PROB_DTYPES = (torch.float32, torch.float64)
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from .common import PROB_DTYPES, check_kernel_device, check_tensor, need, out_tensor
+
 BLOCK_V = 1024
 
 
@@ -135,30 +133,17 @@ def sample_tokens_torch(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.where(p.gather(1, i[:, None])[:, 0] > 0, i, below.clamp(min=0))
 
 
-def check_device(t: torch.Tensor, name: str) -> None:
-    if t.device.type != "cuda" and not INTERPRET:
-        raise ValueError(f"{name} is on {t.device}: the Triton kernels need CUDA tensors "
-                         "(CPU tensors only under TRITON_INTERPRET=1)")
-
-
 def sample_tokens(p: torch.Tensor, u: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """p: contiguous float64/float32 [M, V] probabilities (need not be normalized; each row must have
     positive mass); u: float [M] uniforms in [0, 1) (any stride). Returns ids int64 [M] (into `out`
     when given). One launch, no host sync."""
-    if not isinstance(p, torch.Tensor) or p.dim() != 2 or p.dtype not in PROB_DTYPES:
-        raise ValueError("p must be a float64/float32 tensor [M, V]")
-    check_device(p, "p")
-    if not p.is_contiguous():
-        raise ValueError(f"p must be contiguous (strides {p.stride()})")
+    check_tensor("p", p, dtypes=PROB_DTYPES, contiguous=True)
+    need(p.dim() == 2 and p.shape[1] > 0, f"p must be a tensor [M, V] with V >= 1, got shape {tuple(p.shape)}")
+    check_kernel_device("p", p)
     M, V = p.shape
-    if not isinstance(u, torch.Tensor) or u.shape != (M,) or not u.is_floating_point() or u.device != p.device:
-        raise ValueError(f"u must be a float tensor of shape ({M},) on {p.device}")
-    if V == 0:
-        raise ValueError("p has V=0 columns: nothing to sample")
-    if out is None:
-        out = torch.empty(M, dtype=torch.int64, device=p.device)
-    if out.shape != (M,) or out.dtype != torch.int64 or out.device != p.device or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous int64 tensor of shape ({M},) on {p.device}")
+    need(isinstance(u, torch.Tensor) and u.shape == (M,) and u.is_floating_point() and u.device == p.device,
+         f"u must be a float tensor of shape ({M},) on {p.device}")
+    out = out_tensor("out", out, (M,), torch.int64, p.device)
     if M > 0:
         _sample_kernel[(M,)](p, u, out, V, u.stride(0), BLOCK=BLOCK_V, num_warps=4)
     return out

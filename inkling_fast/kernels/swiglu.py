@@ -13,13 +13,12 @@ loads) and splits it into its even (g) and odd (u) elements in registers.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, need, out_tensor
+
 BLOCK = 2048
 
 
@@ -49,25 +48,16 @@ def swiglu(gu: torch.Tensor, global_scale: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """gu: contiguous [..., 2F] (interleaved g, u); global_scale: a 1-element tensor on the same device
     (read on the device: no sync) or None. Returns y: [..., F] in gu's dtype, into `out` when given."""
-    if not isinstance(gu, torch.Tensor) or gu.dim() < 1 or gu.dtype not in FLOAT_DTYPES:
-        raise ValueError("gu must be a float32/float16/bfloat16 tensor [..., 2F]")
-    if gu.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        raise ValueError(f"gu is on {gu.device}: the Triton kernels need CUDA tensors "
-                         "(CPU tensors only under TRITON_INTERPRET=1)")
-    if gu.shape[-1] % 2 != 0:
-        raise ValueError(f"gu's last dimension must be even (interleaved g, u pairs), got {gu.shape[-1]}")
-    if not gu.is_contiguous():
-        raise ValueError(f"gu must be contiguous (shape {tuple(gu.shape)}, strides {gu.stride()})")
+    check_tensor("gu", gu, dtypes=FLOAT_DTYPES)
+    need(gu.dim() >= 1, "gu must be a tensor [..., 2F]")
+    check_kernel_device("gu", gu)
+    need(gu.shape[-1] % 2 == 0, f"gu's last dimension must be even (interleaved g, u pairs), got {gu.shape[-1]}")
+    need(gu.is_contiguous(), f"gu must be contiguous (shape {tuple(gu.shape)}, strides {gu.stride()})")
     if global_scale is not None:
-        if not isinstance(global_scale, torch.Tensor) or global_scale.numel() != 1 \
-                or global_scale.dtype not in FLOAT_DTYPES or global_scale.device != gu.device:
-            raise ValueError(f"global_scale must be a 1-element float tensor on {gu.device}")
-    shape = tuple(gu.shape[:-1]) + (gu.shape[-1] // 2,)
-    if out is None:
-        out = torch.empty(shape, dtype=gu.dtype, device=gu.device)
-    if out.shape != shape or out.dtype != gu.dtype or out.device != gu.device or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {gu.dtype} tensor of shape {shape} on {gu.device}, got "
-                         f"{out.dtype} {tuple(out.shape)} on {out.device} (contiguous: {out.is_contiguous()})")
+        need(isinstance(global_scale, torch.Tensor) and global_scale.numel() == 1
+             and global_scale.dtype in FLOAT_DTYPES and global_scale.device == gu.device,
+             f"global_scale must be a 1-element float tensor on {gu.device}")
+    out = out_tensor("out", out, tuple(gu.shape[:-1]) + (gu.shape[-1] // 2,), gu.dtype, gu.device)
     n = out.numel()
     if n > 0:
         scale = global_scale if global_scale is not None else out  # unused by the kernel when HAS_SCALE is off

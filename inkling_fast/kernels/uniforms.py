@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import check_device
+from .common import check_kernel_device, check_tensor, need, out_tensor
 
 
 @triton.jit
@@ -50,20 +50,13 @@ def philox_uniforms(seeds: torch.Tensor, counters: torch.Tensor, n: int,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """seeds: int64 [B] (one per sequence); counters: int64 [B], advanced by n in place; n >= 0.
     Returns float64 [B, n] uniforms in [0, 1) (into `out` when given). One launch, no host sync."""
-    if not isinstance(seeds, torch.Tensor) or seeds.dtype != torch.int64 or seeds.dim() != 1:
-        raise ValueError("seeds must be an int64 tensor [B]")
-    check_device(seeds, "seeds")
+    check_tensor("seeds", seeds, dtypes=torch.int64)
+    need(seeds.dim() == 1, f"seeds must be an int64 tensor [B], got shape {tuple(seeds.shape)}")
+    check_kernel_device("seeds", seeds)
     B = seeds.shape[0]
-    if not isinstance(counters, torch.Tensor) or counters.dtype != torch.int64 or tuple(counters.shape) != (B,) \
-            or counters.device != seeds.device or not counters.is_contiguous():
-        raise ValueError(f"counters must be a contiguous int64 tensor of shape ({B},) on {seeds.device}")
-    if not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be an int >= 0, got {n!r}")
-    if out is None:
-        out = torch.empty(B, n, dtype=torch.float64, device=seeds.device)
-    if tuple(out.shape) != (B, n) or out.dtype != torch.float64 or out.device != seeds.device \
-            or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float64 tensor of shape ({B}, {n}) on {seeds.device}")
+    check_tensor("counters", counters, (B,), torch.int64, seeds.device, contiguous=True)
+    need(isinstance(n, int) and n >= 0, f"n must be an int >= 0, got {n!r}")
+    out = out_tensor("out", out, (B, n), torch.float64, seeds.device)
     if B > 0:
         _philox_uniforms_kernel[(B,)](seeds.contiguous(), counters, out, n,
                                       BLOCK=min(1024, max(16, triton.next_power_of_2(max(n, 1)))), num_warps=1)

@@ -28,21 +28,6 @@ from inkling_ref.random_init import randomize_
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all(), "result has non-finite values"
-    return ((a - b).norm() / b.norm()).item()
-
-
-def bits(x: torch.Tensor) -> torch.Tensor:
-    """The raw bit pattern (so NaN poison compares equal to itself)."""
-    return x.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
-
-
 @dataclass
 class Spec:
     kind: str                 # "sliding" | "global"
@@ -74,6 +59,16 @@ def make_ref(spec: Spec, seed: int) -> Attention:
     attn = Attention(cfg, spec.kind, apply_log_tau=spec.log_tau is not None)
     assert (attn.n_floor is not None) == (spec.log_tau is not None and spec.kind == GLOBAL)
     return randomize_(attn.to(torch.float64), seed).eval()
+
+
+# The GPU tests' real head counts (Inkling-Small 32/8, Inkling 64/8 global and 64/16 sliding; hd 128;
+# windows 512, extents 512 / 1024, log-tau from position 256).
+REAL = {
+    "small-sliding-32/8": Spec("sliding", 32, 8, 128, 512, H=512),
+    "small-global-32/8": Spec("global", 32, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
+    "inkling-global-64/8": Spec("global", 64, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
+    "inkling-sliding-64/16": Spec("sliding", 64, 16, 128, 512, H=512),
+}
 
 
 @dataclass

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import os
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-# Tolerances of docs/fast_path.md: relative L2 error of the kernel against its twin / the reference.
+from inkling_fast.kernels.common import interpreting
+
+# The dtypes every kernel test runs in, and the tolerances of docs/fast_path.md: relative L2 error
+# (inkling_ref.testing.rel_l2) of the kernel against its twin / the reference.
+DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -15,24 +21,6 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 def device() -> str:
     """'cuda' when a GPU is present (the real kernels), else 'cpu' (TRITON_INTERPRET=1, see conftest)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in float64 (on the CPU); NaN or inf anywhere in a or b gives inf (never passes
-    a bound)."""
-    a, b = a.double().cpu(), b.double().cpu()
-    if a.shape != b.shape:
-        raise AssertionError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return float("inf")
-    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
-
-
-def rows_per_program(monkeypatch, module, rows: int | None) -> None:
-    """Make the row kernels of `module` (rms_norm) take `rows` rows per program
-    (None: the module's default launch_config), so tiles whose last rows lie past N get tested."""
-    if rows is not None:
-        monkeypatch.setattr(module, "launch_config", lambda H, n_rows: (rows, 2))
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:
@@ -79,7 +67,7 @@ def norm_weight(H: int, device, gen: torch.Generator) -> torch.Tensor:
 # Triton's CPU interpreter converts float32 -> bfloat16 by truncation (triton/runtime/interpreter.py,
 # cast_impl), the GPU rounds to nearest even; so a rounded bf16 result can differ by one unit in the
 # last place under the interpreter.
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRETED = interpreting()
 
 
 def assert_rounded_equal(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -93,9 +81,14 @@ def assert_rounded_equal(a: torch.Tensor, b: torch.Tensor) -> None:
     assert torch.isfinite(a).all() and ((a.float() - b.float()).abs() <= ulp).all()
 
 
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-for-bit equality (NaN payloads included): for pure copies such as cache writes."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.view(ints), b.view(ints))
+def load_benchmark(name: str):
+    """benchmarks/<name>.py imported by path (benchmarks/ is not a package)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules[spec.name]
+    return mod

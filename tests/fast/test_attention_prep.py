@@ -6,17 +6,18 @@ import pytest
 import torch
 from einops import rearrange
 
-from attn_helpers import Spec, build_case, rel_l2, same_bits
+from attn_helpers import REAL, Spec, build_case
+from helpers import TOL
 from inkling_fast.kernels.attention_prep import attention_prep, attention_prep_torch
 from inkling_ref.attention import log_tau
 from inkling_ref.norm import rms_norm
+from inkling_ref.testing import bits_equal, rel_l2
 
 # CPU specs: GQA 3 with an odd head count, GQA 4 with log-tau from position 7, odd head_dim + conv K=3
 SLIDING = Spec("sliding", nH=6, nKV=2, hd=16, extent=11, d_rel=5, H=24)
 GLOBAL = Spec("global", nH=4, nKV=1, hd=16, extent=13, d_rel=5, H=24, log_tau=(7, 0.3))
 ODD = Spec("global", nH=6, nKV=3, hd=12, extent=9, d_rel=3, K=3, H=20, log_tau=(5, 0.2))
 LENGTHS = [0, 2, 23, 40]          # a fresh sequence, one shorter than K-1, rings wrapped many times
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
 def reference_q_rel(case):
@@ -82,8 +83,8 @@ def check_cache(case, name, kern_state, twin_state, tol):
     agree with the twin within tol."""
     before, kern, twin = getattr(case, name), kern_state[name], twin_state[name]
     w = written_rows(case, before.shape[1])
-    assert same_bits(kern[~w], before[~w]), f"{name}: the kernel wrote a row it must not touch"
-    assert same_bits(twin[~w], before[~w]), f"{name}: the twin wrote a row it must not touch"
+    assert bits_equal(kern[~w], before[~w]), f"{name}: the kernel wrote a row it must not touch"
+    assert bits_equal(twin[~w], before[~w]), f"{name}: the twin wrote a row it must not touch"
     assert rel_l2(kern[w], twin[w]) <= tol, name
 
 
@@ -103,7 +104,7 @@ def test_kernel_matches_twin(spec, T, rows, left, dtype):
     assert kern.q[~v].isnan().all() and kern.rel[~v].isnan().all()
     # conv rings: exact copies at the valid positions, every other row untouched (still poison)
     for name in ("k_ring", "v_ring"):
-        assert same_bits(kern_state[name], twin_state[name]), name
+        assert bits_equal(kern_state[name], twin_state[name]), name
     for name in ("k_cache", "v_cache"):
         check_cache(case, name, kern_state, twin_state, TOL[dtype])
 
@@ -120,10 +121,10 @@ def test_flat_kv_mode_for_long_calls():
     assert rel_l2(kern.k[v], case.k_new[v]) <= 1e-5 and rel_l2(kern.v[v], case.v_new[v]) <= 1e-5
     assert kern.k[~v].isnan().all()
     for name in ("k_ring", "v_ring"):
-        assert same_bits(kern_state[name], twin_state[name]), name
-        assert not same_bits(kern_state[name], getattr(case, name))
+        assert bits_equal(kern_state[name], twin_state[name]), name
+        assert not bits_equal(kern_state[name], getattr(case, name))
     for name in ("k_cache", "v_cache"):
-        assert same_bits(kern_state[name], getattr(case, name)), f"{name} written in flat_kv mode"
+        assert bits_equal(kern_state[name], getattr(case, name)), f"{name} written in flat_kv mode"
 
 
 def test_checkpoint_conv_layout_accepted():
@@ -170,14 +171,6 @@ def test_rejects_bad_input():
 
 
 # ----------------------------------------------------------------------------------------------- GPU
-REAL = {
-    "small-sliding-32/8": Spec("sliding", 32, 8, 128, 512, H=512),
-    "small-global-32/8": Spec("global", 32, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
-    "inkling-global-64/8": Spec("global", 64, 8, 128, 1024, H=512, log_tau=(256, 0.1)),
-    "inkling-sliding-64/16": Spec("sliding", 64, 16, 128, 512, H=512),
-}
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 5])
 @pytest.mark.parametrize("name", list(REAL))
@@ -195,7 +188,7 @@ def test_real_sizes_gpu(name, T):
     assert kern.q[~v].isnan().all()
     assert rel_l2(kern.q[v], twin.q[v]) <= 1e-2 and rel_l2(kern.rel[v], twin.rel[v]) <= 1e-5
     for name_ in ("k_ring", "v_ring"):
-        assert same_bits(kern_state[name_], twin_state[name_])
+        assert bits_equal(kern_state[name_], twin_state[name_])
     b_i, t_i = v.nonzero(as_tuple=True)
     cap = case.k_cache.shape[1]
     for name_, ref in (("k_cache", case.k_new), ("v_cache", case.v_new)):

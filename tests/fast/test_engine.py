@@ -33,6 +33,7 @@ from inkling_ref import InklingConfig, generate, load_checkpoint, random_model, 
 from inkling_ref import speculative as S
 from inkling_ref.cache import TrunkCache
 from inkling_ref.sampling import SamplingParams, probs
+from inkling_ref.testing import assert_close, cache_rows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DEMO = Path(inkling_ref.__file__).resolve().parent / "default_checkpoint"
@@ -180,13 +181,9 @@ def compare_rows(cache, ref_cache, slot: int, positions: dict[str, list[int]], w
     """The engine's rows (read back from its rings) == the reference LayerCache's rows, per field."""
     for f in FIELDS:
         pos = positions[f]
-        if not pos:
-            continue
-        got = cache.read(slot, pos)[f].double()
-        ref = getattr(ref_cache, f)
-        want = (ref[0][:, pos].transpose(0, 1) if f in ("keys", "values") else ref[0, pos]).double()
-        err = ((got - want).norm() / want.norm()).item()
-        assert err < tol, f"{what}: {f} at positions {pos[0]}..{pos[-1]}: relative error {err:.2e}"
+        if pos:
+            assert_close(cache.read(slot, pos)[f], cache_rows(ref_cache, f, pos), tol,
+                         f"{what}: {f} at positions {pos[0]}..{pos[-1]}")
 
 
 def intact(cache, written: int, valid_upto: int, max_seq_len: int) -> dict[str, list[int]]:
@@ -225,7 +222,7 @@ def run_scripted_cycles(engine: Engine, model, prompt: list[int], k: int, script
             H = model.hidden(torch.tensor([tokens[:-1]], device=dev))[0]  # H_0 .. H_{n-2}
         window = [p for p in range(n - 2 - k, n - 1) if p >= 0]
         got = engine.state.hidden[slot, torch.tensor(window, device=dev) % engine.hidden_rows]
-        assert ((got - H[window]).norm() / H[window].norm()).item() < tol, f"cycle {cycle}: hidden ring"
+        assert_close(got, H[window], tol, f"cycle {cycle}: hidden ring")
 
         engine.verify(batch, k)
         b = rng.randrange(V)

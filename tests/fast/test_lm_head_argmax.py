@@ -1,19 +1,15 @@
 """LM-head argmax without the logits: twin vs inkling_ref's readout, kernel vs twin (random, exact
 ties, padding rows, several token blocks), errors, and on a GPU the real sizes and a CUDA graph."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
-from helpers import (device, poison, randint, randn, rel_l2,  # noqa: F401 (fixture)
-                           run_without_sync_then_capture)
+from helpers import (DTYPES, device, load_benchmark, poison, randint, randn,  # noqa: F401 (fixture)
+                     run_without_sync_then_capture)
 
 from configs import tiny_config
 from inkling_fast.kernels.lm_head_argmax import lm_head_argmax, lm_head_argmax_torch
 from inkling_ref import random_model
-
-DTYPES = [torch.float32, torch.bfloat16]
+from inkling_ref.testing import rel_l2
 
 
 def exact_logits(h: torch.Tensor, W: torch.Tensor, V_out: int, chunk: int = 16384) -> torch.Tensor:
@@ -215,9 +211,6 @@ def test_captured_in_a_cuda_graph_without_host_sync():
 def test_benchmark_dry_run():
     """benchmarks/bench_lm_head.py imports, builds its cases and passes its checks at tiny sizes (its timing
     runs only on a GPU, through benchmarks/kernels.py)."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_lm_head.py"
-    spec = importlib.util.spec_from_file_location("bench_lm_head", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_lm_head")
     assert bench.SECTION and callable(bench.run)
     bench.dry_run()

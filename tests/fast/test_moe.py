@@ -4,22 +4,20 @@ reference, mutants of the kernels that the tests must catch, and on a GPU the re
 top-6, 2 shared) and a run without host sync, replayed from a CUDA graph."""
 
 import importlib
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import (TOL, device, poison, randint, randn, rel_l2,  # noqa: F401 (fixture)
-                           run_without_sync_then_capture)
+from helpers import (DTYPES, TOL, device, load_benchmark, poison, randint, randn,  # noqa: F401 (fixture)
+                     run_without_sync_then_capture)
 
 from configs import tiny_config
 from inkling_fast.kernels.moe import moe, moe_experts, moe_experts_torch, moe_torch
 from inkling_fast.kernels.moe_router import moe_route, moe_route_torch
 from inkling_ref.moe import MoE
 from inkling_ref.random_init import randomize_
+from inkling_ref.testing import rel_l2
 from mutants import load_mutant
 
-DTYPES = [torch.float32, torch.bfloat16]
 SMALL = dict(H=64, F=32, R=16, K=3, S=2)          # CPU sizes (the interpreter is slow)
 
 
@@ -327,9 +325,6 @@ def test_without_host_sync_in_a_cuda_graph():
 def test_benchmark_dry_run():
     """benchmarks/bench_moe.py imports, builds its cases and passes its checks at tiny sizes (its timing
     runs only on a GPU, through benchmarks/kernels.py)."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_moe.py"
-    spec = importlib.util.spec_from_file_location("bench_moe", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_moe")
     assert bench.SECTION and callable(bench.run)
     bench.dry_run()

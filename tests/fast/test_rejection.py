@@ -156,7 +156,7 @@ def test_errors_name_the_argument(device):
         rejection_sample(p.half(), q, d, ua, uf)
     with pytest.raises(ValueError, match="q must be"):
         rejection_sample(p, q.float(), d, ua, uf)
-    with pytest.raises(ValueError, match="drafts must be"):
+    with pytest.raises(ValueError, match="drafts has shape"):
         rejection_sample(p, q, d[:, :2], ua, uf)
     with pytest.raises(ValueError, match="u_accept must be"):
         rejection_sample(p, q, d, ua[:, :2], uf)
@@ -166,7 +166,7 @@ def test_errors_name_the_argument(device):
         rejection_sample(p, q, d, ua, uf, torch.zeros(B, device=device))
     with pytest.raises(ValueError, match="u must be"):
         sample_tokens(p[:, 0].contiguous(), uf[:1])
-    with pytest.raises(ValueError, match="counters must be"):
+    with pytest.raises(ValueError, match="counters has shape"):
         philox_uniforms(torch.zeros(2, dtype=torch.int64, device=device), torch.zeros(3, dtype=torch.int64,
                                                                                       device=device), 4)
 

@@ -1,0 +1,143 @@
+"""Greedy token selection from the LM head for many rows (verify passes at large batch, e.g.
+64 sequences x 9 rows = 576; the last rows of a batched prefill), without writing the logits:
+
+    ids[t]  = argmax_{v < V_out} h[t] . W[v]      float32 dot products; ties to the LOWEST id
+    vals[t] = max_{v < V_out} h[t] . W[v] / mup   (float32)
+
+The contract of `lm_head_argmax` (same arguments, same results up to the summation order inside the
+float32 dot products), built for T in the hundreds. `lm_head_argmax` streams all of W once per
+block of 64 rows, which is the floor for a few rows and nine passes over W (1.6 GB at
+Inkling-Small) at 576. Here the work is what it is at that size, a GEMM [T, H] x [H, V_out] bound
+by its arithmetic, and the kernel is the Triton matmul tutorial's with the argmax in the epilogue
+where the tutorial stores C:
+
+  1. partial: a 1-D grid over (T-tile, V-tile) pairs, the T-tiles of one V-tile consecutive, so
+     the programs that run at the same time share a few W tiles: W is read from memory once (the
+     other T-tiles of a V-tile find its tile in L2), and h ([T, H], a few MB) stays in L2.
+     Program (i, j): acc[BLOCK_T, BLOCK_V] = h_tile [BLOCK_T, BLOCK_K] @ W_tile^T [BLOCK_K, BLOCK_V]
+     accumulated over H in float32 (tensor cores for bf16/fp16, exact float32 products otherwise),
+     then, for each group of GROUP = 64 ids of the tile, the maximum and the lowest id reaching it:
+     partials [T, cdiv(V_out, 64)], the format of `lm_head_argmax`'s first pass.
+  2. reduce: `lm_head_argmax`'s reduce kernel (one program per row scans the partials in id order
+     and keeps the first maximum), so ties are broken the same way by construction.
+
+Masks: rows t >= T load zeros and store nothing; ids v >= V_out (W's padding rows and the tail of
+the last tile) score -inf and never win; the K loop masks H's tail when H % BLOCK_K != 0.
+
+Why not GEMM + argmax: cuBLAS writes the logits and argmax reads them back. In bf16 that is cheap,
+but bf16 logits are rounded to 8 significant bits and their ties are no longer the float32 ties
+(the argmax then differs from `lm_head_argmax` at near ties: a result that depends on the batch
+size); in float32 it is exact but writes and reads 4 * T * V_out bytes more than this kernel.
+
+On a GPU the partial kernel is autotuned on the first call for each (H, row bucket): warm up once
+before capturing a CUDA graph or timing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .lm_head_argmax import (FLOAT_DTYPES, GROUP, INT32_MAX, INTERPRET, REDUCE_BLOCK, _check_device, _dot,
+                             _lm_head_reduce_kernel, _out, lm_head_argmax_torch)
+
+lm_head_rows_torch = lm_head_argmax_torch   # the twin: float32 logits a chunk of ids at a time, first maximum
+
+
+@triton.heuristics({"EVEN_K": lambda a: a["H"] % a["BLOCK_K"] == 0})
+@triton.jit
+def _lm_head_rows_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_groups, t_bucket,
+                         BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                         FP32_DOT: tl.constexpr, EVEN_K: tl.constexpr):
+    G: tl.constexpr = BLOCK_V // 64                                      # groups of GROUP = 64 ids per tile
+    n_t = tl.cdiv(T, BLOCK_T)
+    pid_t = tl.program_id(0) % n_t                                       # T-tiles of one V-tile run together
+    pid_v = tl.program_id(0) // n_t
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)                          # token rows
+    v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)                          # vocabulary ids
+    kk = tl.arange(0, BLOCK_K)
+    t_ok = t < T
+    v_ok = v < V_out
+    h_ptrs = h_ptr + t[:, None].to(tl.int64) * H + kk[None, :]          # h tile      [BLOCK_T, BLOCK_K]
+    w_ptrs = w_ptr + v[None, :].to(tl.int64) * H + kk[:, None]          # W tile^T    [BLOCK_K, BLOCK_V]
+    acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(h_ptrs + k0, mask=t_ok[:, None], other=0.0)
+            b = tl.load(w_ptrs + k0, mask=v_ok[None, :], other=0.0)
+        else:
+            k_ok = (k0 + kk) < H
+            a = tl.load(h_ptrs + k0, mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_ptrs + k0, mask=k_ok[:, None] & v_ok[None, :], other=0.0)
+        acc = _dot(a, b, acc, FP32_DOT)
+    # epilogue: per group of 64 ids, the maximum and the lowest id reaching it (ids >= V_out never win)
+    scores = tl.where(v_ok[None, :], acc, float("-inf"))
+    scores = tl.reshape(scores, [BLOCK_T, G, 64])
+    ids = tl.reshape(v, [G, 64])[None, :, :]
+    m = tl.max(scores, axis=2)                                           # [BLOCK_T, G]
+    idx = tl.min(tl.where(scores == m[:, :, None], ids, INT32_MAX), axis=2)
+    idx = tl.minimum(idx, V_out - 1)  # a NaN logit matches nothing: keep the id in range regardless
+    grp = pid_v * G + tl.arange(0, G)
+    offs = t[:, None] * n_groups + grp[None, :]                          # partials are [T, n_groups]
+    ok = t_ok[:, None] & (grp < n_groups)[None, :]
+    tl.store(pmax_ptr + offs, m, mask=ok)
+    tl.store(pidx_ptr + offs, idx, mask=ok)
+
+
+_CONFIGS = [
+    triton.Config({"BLOCK_T": 128, "BLOCK_V": 256, "BLOCK_K": 64}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_T": 128, "BLOCK_V": 128, "BLOCK_K": 64}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_T": 64, "BLOCK_V": 256, "BLOCK_K": 64}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_T": 64, "BLOCK_V": 128, "BLOCK_K": 128}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_T": 128, "BLOCK_V": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_T": 64, "BLOCK_V": 256, "BLOCK_K": 64}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_T": 32, "BLOCK_V": 64, "BLOCK_K": 32}, num_warps=4, num_stages=2),   # small (float32)
+]
+_INTERPRET_META = dict(BLOCK_T=32, BLOCK_V=64, BLOCK_K=32, num_warps=4)
+_partial = _lm_head_rows_kernel if INTERPRET else \
+    triton.autotune(configs=_CONFIGS, key=["H", "t_bucket", "FP32_DOT"])(_lm_head_rows_kernel)
+
+
+def lm_head_rows(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = None, mup: float = 1.0,
+                 ids_out: torch.Tensor | None = None, vals_out: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`lm_head_argmax`'s arguments and results, tiled for many rows: h contiguous [T, H]; weight
+    contiguous [V, H] of h's dtype and device; vocab_out V_out <= V (default V); mup > 0. Returns
+    (ids int64 [T], vals float32 [T]), into ids_out / vals_out when given. Two launches, no host sync."""
+    if not isinstance(h, torch.Tensor) or h.dim() != 2 or h.dtype not in FLOAT_DTYPES:
+        raise ValueError("h must be a float32/float16/bfloat16 tensor [T, H]")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError("weight must be a 2-D tensor [V, H] (the unembedding)")
+    if weight.dtype != h.dtype:
+        raise ValueError(f"weight has dtype {weight.dtype}, h has {h.dtype}: they must match")
+    if weight.device != h.device:
+        raise ValueError(f"weight is on {weight.device}, h on {h.device}: they must be on one device")
+    _check_device(h, "h")
+    T, H = h.shape
+    V = weight.shape[0]
+    if weight.shape[1] != H:
+        raise ValueError(f"weight has {weight.shape[1]} columns, h has H={H}: they must match")
+    if not h.is_contiguous() or not weight.is_contiguous():
+        raise ValueError(f"h and weight must be contiguous (h strides {h.stride()}, weight strides {weight.stride()})")
+    V_out = V if vocab_out is None else vocab_out
+    if not isinstance(V_out, int) or not 1 <= V_out <= V:
+        raise ValueError(f"vocab_out must be an int in 1..{V} (the rows of weight), got {vocab_out!r}")
+    if not isinstance(mup, (int, float)) or not math.isfinite(mup) or mup <= 0:
+        raise ValueError(f"mup must be a finite number > 0, got {mup!r}")
+    if H == 0:
+        raise ValueError("h has H=0 columns: nothing to score")
+    ids = _out(ids_out, "ids_out", T, torch.int64, h.device)
+    vals = _out(vals_out, "vals_out", T, torch.float32, h.device)
+    if T == 0:
+        return ids, vals
+    n_groups = triton.cdiv(V_out, GROUP)
+    pmax = torch.empty(T, n_groups, dtype=torch.float32, device=h.device)
+    pidx = torch.empty(T, n_groups, dtype=torch.int32, device=h.device)
+    grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]) * triton.cdiv(V_out, meta["BLOCK_V"]),)  # noqa: E731
+    _partial[grid](h, weight, pmax, pidx, T, H, V_out, n_groups, triton.next_power_of_2(T),
+                   FP32_DOT=h.dtype == torch.float32 or INTERPRET, **(_INTERPRET_META if INTERPRET else {}))
+    _lm_head_reduce_kernel[(T,)](pmax, pidx, ids, vals, n_groups, float(mup), BLOCK=REDUCE_BLOCK, num_warps=4)
+    return ids, vals
