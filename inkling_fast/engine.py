@@ -44,7 +44,7 @@ import torch
 from inkling_ref import InklingModel, load_checkpoint
 from inkling_ref.generation import (AcceptanceStats, CycleRecord, GenerationResult, Limits, Uniforms,
                                     normalize_prompts, sequence_seed, validate)
-from inkling_ref.sampling import SamplingParams
+from inkling_ref.sampling import SamplingParams, draft_params
 
 from . import forward, weights
 from .caches import LayerCache, SlotState
@@ -60,8 +60,9 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class DecodeMode:
-    """How tokens are chosen (a graph is captured per mode): greedy, or sampling with `params`
-    and greedy or sampled drafts."""
+    """How tokens are chosen (a graph is captured per mode): greedy, or sampling with `params` and
+    drafts chosen by `draft_sampling` (inkling_ref.sampling.DRAFT_SAMPLING: greedy, sampled from the
+    target's filtered distribution, or sampled at the temperature only, as vLLM drafts)."""
     params: SamplingParams = SamplingParams()
     draft_sampling: str = "greedy"
 
@@ -71,7 +72,12 @@ class DecodeMode:
 
     @property
     def sampled_drafts(self) -> bool:
-        return not self.greedy and self.draft_sampling == "sample"
+        return not self.greedy and self.draft_sampling != "greedy"
+
+    @property
+    def draft_params(self) -> SamplingParams:
+        """The draft distribution q: what sampled drafts are drawn from and rejection sampling divides by."""
+        return draft_params(self.params, self.draft_sampling)
 
 
 @dataclass
@@ -207,7 +213,7 @@ class Engine:
             h = forward.depth_forward(self.W, m, self.depth_caches[m], h, ids, batch.slot, pos)
             last = h[:, -1]                                                      # row p = n-2
             if mode.sampled_drafts:
-                q_m = sampling_probs(forward.logits(self.W, last), mode.params)  # [B, V]
+                q_m = sampling_probs(forward.logits(self.W, last), mode.draft_params)  # [B, V]
                 d = sample_tokens(q_m, batch.uniforms[:, m])
                 q.append(q_m)
             else:

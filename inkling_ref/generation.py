@@ -5,7 +5,7 @@ different lengths and different accept counts gives every sequence exactly what 
 
 Randomness: with `seed`, sequence i draws its uniforms from its own generator seeded with
 `sequence_seed(seed, i)`, in this order: one for the token sampled at prefill, then per cycle
-k_eff for sampled drafts (only with draft_sampling="sample"), k_eff for the acceptance tests and
+k_eff for sampled drafts (draft_sampling "sample" or "temperature"), k_eff for the acceptance tests and
 one for the correction/bonus token. Temperature 0 draws nothing.
 
 Statistics (docs/spec/mtp-cycle.md §6): a cycle is one verify pass with a accepted drafts;
@@ -25,7 +25,7 @@ import torch
 from . import speculative as S
 from .config import InklingConfig, is_int
 from .model import InklingModel
-from .sampling import SamplingParams, probs, rejection_sample, sample
+from .sampling import DRAFT_SAMPLING, SamplingParams, draft_params, probs, rejection_sample, sample
 
 
 @dataclass
@@ -197,8 +197,8 @@ def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int, k: i
     if k > limits.depths:
         raise ValueError(limits.too_many_drafts.format(k_arg=arg("num_speculative_tokens", k), k=k,
                                                        depths=limits.depths))
-    if draft_sampling not in ("greedy", "sample"):
-        raise ValueError(f"draft_sampling must be 'greedy' or 'sample', got {draft_sampling!r}")
+    if draft_sampling not in DRAFT_SAMPLING:
+        raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
     if seed is not None and not is_int(seed):
         raise ValueError(f"{named('seed')} must be an integer or None, got {_describe(seed)}")
     if eos_token_id is not None and (not is_int(eos_token_id) or not 0 <= eos_token_id < limits.vocab):
@@ -228,6 +228,7 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k:
     def pick(logits, u):
         return int(logits.argmax()) if params.greedy else sample(probs(logits, params), u)
 
+    q_params = draft_params(params, draft_sampling)      # what drafts are drawn from, and q in rejection sampling
     first_u = uniforms(1)[0] if not params.greedy else 0.0
     state = S.prefill(model, prompt, select_first=lambda m, logits, pos: pick(logits, first_u))
     out = [state.tokens[-1]]
@@ -236,10 +237,10 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k:
     while len(out) < max_new_tokens and out[-1] != eos_token_id:
         remaining = max_new_tokens - len(out)
         k_eff = min(k, remaining - 1, max_len - state.n)  # verify writes positions n-1 .. n-1+k_eff
-        sampled_drafts = draft_sampling == "sample" and not params.greedy
+        sampled_drafts = draft_sampling != "greedy" and not params.greedy
         u_draft = uniforms(k_eff) if sampled_drafts else [0.0] * k_eff
         if sampled_drafts:
-            select = lambda m, logits, pos: sample(probs(logits, params), u_draft[m])  # noqa: E731
+            select = lambda m, logits, pos: sample(probs(logits, q_params), u_draft[m])  # noqa: E731
         else:
             select = S.greedy_select
         d = S.draft(model, state, k_eff, select)
@@ -248,7 +249,7 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k:
             a, b = S.accept_greedy(d.tokens, v.logits)
         else:
             p = probs(v.logits, params)                                           # [k+1, V]
-            q = probs(d.logits, params if sampled_drafts else SamplingParams())   # [k, V]; one-hot if greedy
+            q = probs(d.logits, q_params)                                         # [k, V]; one-hot if greedy
             u_acc = uniforms(k_eff)
             a, b = rejection_sample(p, q, d.tokens, u_acc, uniforms(1)[0])
         S.commit(state, d.tokens, a, b, v)
@@ -265,7 +266,10 @@ def generate(model: InklingModel, prompt_ids, max_new_tokens: int, num_speculati
     """Decode `max_new_tokens` new tokens for each prompt with k = num_speculative_tokens drafts
     per cycle (k = 0: plain decoding). `prompt_ids`: one prompt (a list of ints, a [T] integer tensor
     or array) or a batch (a list of them, a [B, T] tensor or array). Bad arguments raise ValueError
-    naming the argument and what is valid (see `validate`)."""
+    naming the argument and what is valid (see `validate`).
+    draft_sampling (temperature > 0 only): "greedy" drafts (one-hot q), "sample" (drafts from the
+    target's filtered distribution) or "temperature" (from softmax(logits / T) only, as vLLM drafts);
+    every choice is lossless (inkling_ref.sampling)."""
     if not isinstance(model, InklingModel):
         raise ValueError(f"model must be an InklingModel (e.g. load_checkpoint(path)), got {type(model).__name__}")
     prompts = normalize_prompts(prompt_ids)

@@ -10,6 +10,14 @@ path can be checked against this code by feeding both the same uniforms.
                             at the first rejection sample from normalize(max(p - q, 0));
                             if all k are accepted, the bonus comes from p at row k
 Greedy drafting is the special case of a one-hot q.
+
+The draft distribution q (`draft_params`), chosen by `draft_sampling`:
+    "greedy"        the draft is the argmax of the depth's logits; q is one-hot
+    "sample"        drawn from, and q =, the target's own filtered distribution (temperature, top-k, top-p)
+    "temperature"   drawn from, and q =, softmax(logits / T) with no top-k / top-p: vLLM's probabilistic
+                    drafting
+All three are lossless: the emitted tokens follow the target's filtered distribution p whatever q is,
+as long as the draft was drawn from the very q that rejection sampling is given.
 """
 
 from __future__ import annotations
@@ -41,6 +49,21 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+DRAFT_SAMPLING = ("greedy", "sample", "temperature")
+
+
+def draft_params(params: SamplingParams, draft_sampling: str) -> SamplingParams:
+    """The parameters of the draft distribution q for the target's `params` (see the module docstring).
+    Temperature 0 (greedy decoding) gives a one-hot q in every mode."""
+    if draft_sampling not in DRAFT_SAMPLING:
+        raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
+    if draft_sampling == "greedy" or params.greedy:
+        return SamplingParams()
+    if draft_sampling == "temperature":
+        return SamplingParams(params.temperature)
+    return params
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

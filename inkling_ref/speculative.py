@@ -10,6 +10,7 @@ h^{-1}_p = H_p. Every depth keeps its own cache over all positions of the sequen
     state = prefill(model, prompt)              trunk over the prompt; picks x_L; n = L + 1
     loop:
         d      = draft(model, state, k)         depths 0..k-1 over the window [n-2-k, n-2]
+                                                (window="minimal": vLLM's rows, see `draft`)
         v      = verify(model, state, d)        trunk over [x_{n-1}, d_1..d_k] at n-1..n-1+k
         a, b   = accept_greedy(d, v.logits)     longest agreeing prefix, then the trunk's token
         commit(state, d, a, b, v)               n <- n + a + 1; roll back what was not accepted
@@ -31,6 +32,11 @@ from .model import InklingModel
 # select(m, logits [V], position) -> token: how depth m turns its logits at the last window row into
 # the draft for absolute `position` (= n + m). Greedy by default; sampling and tests plug in others.
 DraftSelector = Callable[[int, torch.Tensor, int], int]
+
+
+# Which rows `draft` (re)computes: "full" = k+1 rows [n-2-k, n-2] (one shape every cycle), "minimal" =
+# only the rows that are new or stale, as vLLM's speculator runs them.
+WINDOWS = ("full", "minimal")
 
 
 def greedy_select(m: int, logits: torch.Tensor, position: int) -> int:
@@ -97,18 +103,31 @@ def prefill(model: InklingModel, prompt: list[int], select_first: DraftSelector 
 
 
 @torch.no_grad()
-def draft(model: InklingModel, state: DecodeState, k: int, select: DraftSelector = greedy_select) -> DraftResult:
+def draft(model: InklingModel, state: DecodeState, k: int, select: DraftSelector = greedy_select,
+          window: str = "full") -> DraftResult:
     """Run depths 0..k-1 over the window W = [w0, n-2] and pick the drafts d_1..d_k.
 
-    w0 = n-2-k (k+1 rows) normally; earlier when a depth's cache is valid only up to an earlier row
-    (right after prefill: row 0; after cycles with a smaller k). Every row of W is recomputed: rows
-    that were valid are rewritten with the same values, stale rows (their token slot held a rejected
-    draft) are repaired, new rows are added. Depth m at row p reads token slot p+m+1, which holds
-    x_{p+m+1} when p+m+1 <= n-1 and otherwise the draft d_{p+m+2-n} made earlier in this loop."""
+    Every row of W is recomputed, for every depth: rows that were valid are rewritten with the same
+    values (up to rounding), stale rows (their token slot held a rejected draft) are repaired, new rows
+    are added. Depth m at row p reads token slot p+m+1, which holds x_{p+m+1} when p+m+1 <= n-1 and
+    otherwise the draft d_{p+m+2-n} made earlier in this loop.
+
+    The rows that must be (re)computed start at v = min_m depth_valid[m]: v = n-1-k after a cycle that
+    rejected a draft (k rows: the k-a-1 stale ones and the a+1 new ones), n-2-k after one that accepted
+    all k (k+1 new rows), earlier right after prefill (row 0) or after cycles with a smaller k.
+      window="full"     w0 = min(n-2-k, v): always at least k+1 rows, one shape every cycle (after a
+                        rejection it recomputes row n-2-k, which was valid)
+      window="minimal"  w0 = v: exactly the rows vLLM's speculator runs (it re-prefills r-1 rows for r
+                        rejected drafts and pads its query to k+1 slots, the padded slot writing
+                        nothing); what a port that must be bit-identical to vLLM in bf16 computes
+    Both leave the same values in every cache (exactly so in exact arithmetic)."""
     if k < 0 or k > model.num_mtp_depths:
         raise ValueError(f"k={k} drafts need {k} MTP depths; the model has {model.num_mtp_depths}")
+    if window not in WINDOWS:
+        raise ValueError(f"window must be one of {WINDOWS}, got {window!r}")
     n = state.n
-    w0 = min([max(0, n - 2 - k)] + [state.depth_valid[m] for m in range(k)])
+    v = min(state.depth_valid[:k], default=n - 1)                   # the lowest row some depth must compute
+    w0 = v if window == "minimal" else min(max(0, n - 2 - k), v)
     drafts: list[int] = []
     last_logits = []
     h_prev = state.hiddens[w0: n - 1][None]                         # [1, W, H], H_p for p in W

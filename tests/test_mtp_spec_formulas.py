@@ -14,7 +14,7 @@ from configs import tiny_config
 from inkling_ref import random_model
 from inkling_ref.names import to_released
 from inkling_ref.testing import rel_l2
-from mutants import load_mutant
+from mutants import DEPTH_MUTANTS, load_mutant
 
 
 def rms(x, w, eps):
@@ -119,13 +119,7 @@ def test_mtp_logits_match_spec_formulas(chain_norm):
     assert err < 1e-12
 
 
-MUTANTS = {
-    "embed-first concat": [("mtp.py", "torch.cat([self.hidden_norm(h_prev), e], dim=-1)",
-                            "torch.cat([e, self.hidden_norm(h_prev)], dim=-1)")],
-    "single-normed embedding": [("mtp.py", "e = self.embed_norm(token_embed)", "e = token_embed")],
-    "no hidden_norm": [("mtp.py", "self.hidden_norm(h_prev), e]", "h_prev, e]")],
-    "trunk final norm in readout": [("model.py", "out = self.mtp.chain(y)", "out = self.trunk.norm(self.mtp.chain(y))")],
-}
+MUTANTS = DEPTH_MUTANTS
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))

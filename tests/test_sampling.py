@@ -10,7 +10,7 @@ from configs import tiny_config
 from inkling_ref import InklingConfig, generate, random_model
 from inkling_ref import generation as G
 from inkling_ref.generation import AcceptanceStats, CycleRecord
-from inkling_ref.sampling import SamplingParams, probs, rejection_sample, sample
+from inkling_ref.sampling import DRAFT_SAMPLING, SamplingParams, draft_params, probs, rejection_sample, sample
 from mutants import load_mutant
 
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy is a test dependency")
@@ -90,22 +90,22 @@ def expected_first_acceptance(model, params, draft_sampling):
         p1 = probs(model.logits(torch.tensor([PROMPT]))[0, -1], params)
         p2 = probs(model.logits(ids)[:, -1], params)                       # [V(x1), V]
         q_logits = model.mtp_logits(ids)[0][:, L - 1]                        # depth 0, row n-2
-    q = probs(q_logits, params if draft_sampling == "sample" else SamplingParams())
+    q = probs(q_logits, draft_params(params, draft_sampling))
     return float((p1 * torch.minimum(p2, q).sum(-1)).sum())
 
 
-def distribution_check(pkg, params, draft_sampling, runs):
-    """Returns (chi-square p-value of the first three tokens, empirical and expected acceptance of d_1,
-    its standard error)."""
+def distribution_check(pkg, params, draft_sampling, runs, k=2, n_tokens=3):
+    """`runs` seeded sequences, k drafts per cycle. Returns (chi-square p-value of the first n_tokens
+    emitted tokens, empirical and expected acceptance of d_1, its standard error)."""
     model = pkg.random_model(small_vocab_model().config, seed=2, dtype=torch.float64)
-    res = pkg.generate(model, [PROMPT] * runs, max_new_tokens=4, num_speculative_tokens=2,
+    res = pkg.generate(model, [PROMPT] * runs, max_new_tokens=n_tokens + 1, num_speculative_tokens=k,
                        temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                        draft_sampling=draft_sampling, seed=1234)
-    prefixes, joint = exact_joint(model, params, 3)
+    prefixes, joint = exact_joint(model, params, n_tokens)
     index = {tuple(p): i for i, p in enumerate(prefixes.tolist())}
     counts = torch.zeros(len(prefixes), dtype=torch.float64)
     for toks in res.token_ids:
-        key = tuple(toks[:3])
+        key = tuple(toks[:n_tokens])
         assert key in index and joint[index[key]] > 0, f"emitted {key}, which has probability 0"
         counts[index[key]] += 1
     expected = joint * runs
@@ -115,8 +115,8 @@ def distribution_check(pkg, params, draft_sampling, runs):
     exp = torch.cat([expected[~small], expected[small].sum()[None]]) if small.any() else expected
     keep = exp > 0
     pvalue = scipy_stats.chisquare(obs[keep].numpy(), exp[keep].numpy() * obs.sum().item() / exp[keep].sum().item()).pvalue
-    first = [seq[0] for seq in res.cycles]  # the first cycle of every run uses the full k = 2
-    assert all(c.k == 2 for c in first)
+    first = [seq[0] for seq in res.cycles]  # the first cycle of every run uses the full k
+    assert all(c.k == k for c in first)
     rate = sum(c.accepted >= 1 for c in first) / runs
     want = expected_first_acceptance(model, params, draft_sampling)
     return pvalue, rate, want, math.sqrt(want * (1 - want) / runs)
@@ -158,6 +158,54 @@ def test_distribution_check_catches_mutant(mutant, tmp_path):
     except AssertionError:
         return  # it emitted a token the trunk gives probability 0: caught
     assert pvalue < 1e-3 or abs(rate - want) >= 4 * se, f"'{mutant}' passes the distribution check"
+
+
+# vLLM's probabilistic drafting (draft_sampling="temperature"): drafts from softmax(logits / T) only, that
+# distribution as q. It differs from "sample" only when top-k or top-p is set; with these filters
+# (T 1.5 keeps the distributions broad) about 29 % of the drafts' mass lies outside the draft's own top-p
+# set, which is what a q filtered unlike the draft gets wrong.
+FILTERED = SamplingParams(1.5, top_k=4, top_p=0.6)
+TEMPERATURE_RUNS = 1500
+Q_MUTANTS = {
+    # q computed with top-p while the draft was drawn without it
+    "q filtered by top-p, draft not": [("generation.py", "q = probs(d.logits, q_params)",
+                                        "q = probs(d.logits, SamplingParams(q_params.temperature, top_p=params.top_p))")],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k,n_tokens", [(1, 2), (2, 3)])
+def test_distribution_preserved_with_temperature_drafts(k, n_tokens):
+    """1500 seeded runs with top-k and top-p set: the first emitted tokens follow the trunk's exact
+    filtered distribution (chi-square), and d_1 is accepted at the rate sum_x min(p, q_T) predicts."""
+    import inkling_ref
+    torch.set_num_threads(1)
+    pvalue, rate, want, se = distribution_check(inkling_ref, FILTERED, "temperature", TEMPERATURE_RUNS, k, n_tokens)
+    print(f"temperature drafts, k={k}: chi-square p = {pvalue:.3f}; acceptance {rate:.4f} vs {want:.4f} +- {se:.4f}")
+    assert pvalue > 1e-3
+    assert abs(rate - want) < 4 * se
+    assert 0.05 < want < 0.95
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", list(Q_MUTANTS))
+def test_temperature_drafts_check_catches_mutant(mutant, tmp_path):
+    torch.set_num_threads(1)
+    pkg = load_mutant(tmp_path, Q_MUTANTS[mutant])
+    pvalue, rate, want, se = distribution_check(pkg, FILTERED, "temperature", TEMPERATURE_RUNS, 1, 2)
+    print(f"{mutant}: chi-square p = {pvalue:.2e}; acceptance {rate:.4f} vs {want:.4f} +- {se:.4f}")
+    assert pvalue < 1e-3 or abs(rate - want) >= 4 * se, f"'{mutant}' passes the distribution check"
+
+
+def test_draft_params():
+    """The draft distribution of each mode; temperature 0 is one-hot whatever the mode."""
+    target = SamplingParams(0.7, top_k=5, top_p=0.9)
+    assert draft_params(target, "sample") == target
+    assert draft_params(target, "temperature") == SamplingParams(0.7)
+    assert draft_params(target, "greedy") == SamplingParams()
+    assert all(draft_params(SamplingParams(0.0), mode) == SamplingParams() for mode in DRAFT_SAMPLING)
+    with pytest.raises(ValueError, match="draft_sampling must be one of"):
+        draft_params(target, "vllm")
 
 
 # ----------------------------------------------------------------------------- batches

@@ -4,8 +4,10 @@
 2. trunk cache == a fresh prefill of the committed tokens, after every cycle
 3. depth caches == the teacher-forced chained fold, after every draft and after every commit,
    over scripted outcomes (random, all-reject, all-accept, alternating)
-and the mutants the suite must catch."""
+the two draft windows ("full": k+1 rows; "minimal": vLLM's rows) equivalent, and the mutants the
+suite must catch."""
 
+import copy
 import random
 
 import pytest
@@ -15,7 +17,7 @@ from configs import tiny_config
 from inkling_ref import random_model
 from inkling_ref import speculative as S
 from inkling_ref.cache import TrunkCache
-from mutants import load_mutant
+from mutants import CYCLE_MUTANTS, WINDOW_MUTANTS, load_mutant
 
 CACHE_FIELDS = ("keys", "values", "k_conv_in", "v_conv_in", "attn_conv_in", "mlp_conv_in")
 ATOL = 1e-12
@@ -158,12 +160,13 @@ def test_depth_caches_equal_teacher_forced_fold(model, kind, k, prompt_len):
             assert_cache_rows_equal(state.depth_caches[m], oracle[m], upto, f"after commit, depth {m}")
 
 
-def test_window_adapts_when_k_changes(model):
+@pytest.mark.parametrize("window", S.WINDOWS)
+def test_window_adapts_when_k_changes(model, window):
     """A cycle with fewer drafts than the one before must still repair every stale row."""
     V = model.config.vocab_out
     state = S.prefill(model, list(range(5, 16)))
     for k in [4, 4, 1, 3, 2, 4, 0, 4]:
-        d = S.draft(model, state, k)
+        d = S.draft(model, state, k, window=window)
         oracle = S.teacher_forced_depth_caches(model, state.tokens)
         for m in range(k):
             assert_cache_rows_equal(state.depth_caches[m], oracle[m], state.n - 1 - m, f"k={k} depth {m}")
@@ -195,8 +198,75 @@ def test_bad_k_is_refused(model):
     state = S.prefill(model, [1, 2, 3])
     with pytest.raises(ValueError, match="the model has 4"):
         S.draft(model, state, 5)
+    with pytest.raises(ValueError, match="window must be one of"):
+        S.draft(model, state, 2, window="vllm")
     with pytest.raises(ValueError, match="prompt is empty"):
         S.prefill(model, [])
+
+
+# ----------------------------------------------------------------------------- windows
+def counting_rows(model):
+    """A shallow copy of `model` whose mtp_depth records (m, rows computed) per call into the returned list."""
+    calls, counted = [], copy.copy(model)
+
+    def mtp_depth(m, h_prev, tokens, cache=None):
+        calls.append((m, tokens.shape[1]))
+        return model.mtp_depth(m, h_prev, tokens, cache)
+
+    counted.mtp_depth = mtp_depth
+    return counted, calls
+
+
+def check_windows_equivalent(spec, model, kind, k, prompt_len, cycles=6):
+    """Run window="full" and window="minimal" side by side through the same scripted outcomes. After
+    every draft: the same drafts and draft logits, the same depth caches (every row, every field), and
+    the minimal window computed exactly vLLM's rows for every depth: the whole prompt right after
+    prefill, then min(n-1, k) rows after a cycle that rejected a draft, min(n-1, k+1) after one that
+    accepted all k."""
+    V = model.config.vocab_out
+    rng = random.Random(f"windows-{kind}-{k}-{prompt_len}")
+    prompt = [rng.randrange(V) for _ in range(prompt_len)]
+    counted, calls = counting_rows(model)
+    states = {w: spec.prefill(model, prompt) for w in ("full", "minimal")}
+    last_a = None
+    for cycle in range(cycles):
+        drafts, rows = {}, {}
+        for w, state in states.items():
+            calls.clear()
+            drafts[w] = spec.draft(counted, state, k, window=w)
+            rows[w] = list(calls)
+        full, minimal, n = drafts["full"], drafts["minimal"], states["full"].n
+        assert full.tokens == minimal.tokens, f"cycle {cycle}: drafts differ"
+        assert torch.allclose(full.logits, minimal.logits, atol=ATOL, rtol=0), f"cycle {cycle}: draft logits differ"
+        for m in range(k):
+            got, want = states["minimal"].depth_caches[m], states["full"].depth_caches[m]
+            assert got.length == want.length == n - 1, f"cycle {cycle}: depth {m} cache lengths"
+            assert_cache_rows_equal(got, want, n - 1, f"cycle {cycle}, depth {m} cache, minimal vs full window")
+        vllm = n - 1 if last_a is None else min(n - 1, k + 1 if last_a == k else k)
+        assert rows["minimal"] == [(m, vllm) for m in range(k)], f"cycle {cycle}: rows {rows['minimal']}, vLLM runs {vllm}"
+        assert rows["full"] == [(m, n - 1 if last_a is None else min(n - 1, k + 1)) for m in range(k)]
+        a = scripted(kind, cycle, k, rng)
+        b = rng.randrange(V)
+        while a < k and b == full.tokens[a]:
+            b = rng.randrange(V)  # the committed token differs from the rejected draft
+        for w, state in states.items():
+            spec.commit(state, drafts[w].tokens, a, b, spec.verify(model, state, drafts[w].tokens))
+        last_a = a
+
+
+@pytest.mark.parametrize("kind", ["random", "all-reject", "all-accept", "alternating"])
+@pytest.mark.parametrize("k,prompt_len", [(1, 4), (2, 2), (4, 9)])
+def test_windows_are_equivalent(model, kind, k, prompt_len):
+    check_windows_equivalent(S, model, kind, k, prompt_len)
+
+
+@pytest.mark.parametrize("mutant", list(WINDOW_MUTANTS))
+def test_window_equivalence_catches_mutant(mutant, tmp_path):
+    pkg = load_mutant(tmp_path, WINDOW_MUTANTS[mutant])
+    model = pkg.random_model(four_depth_config(), seed=5, dtype=torch.float64)
+    with pytest.raises(AssertionError, match="differ") as caught:  # values, not the row count
+        check_windows_equivalent(pkg.speculative, model, "random", 4, 9)
+    print(mutant, str(caught.value).splitlines()[0])
 
 
 # ----------------------------------------------------------------------------- mutants
@@ -216,21 +286,6 @@ def suite_fails_on(pkg) -> list[str]:
     finally:
         S = saved
     return failures
-
-
-CYCLE_MUTANTS = {
-    "block-0-only history": [(
-        "speculative.py",
-        "        cache = state.depth_caches[m]\n        cache.truncate(w0)",
-        "        if m > 0:  # MUTANT: deeper depths restore (forget) their history every cycle\n"
-        "            state.depth_caches[m] = LayerCache()\n"
-        "        cache = state.depth_caches[m]\n        cache.truncate(min(w0, cache.length))")],
-    "depth index off by one": [("speculative.py", "tokens = slots[w0 + m + 1: n + m]", "tokens = slots[w0 + m: n + m - 1]")],
-    "depth conv states not rolled back": [(
-        "speculative.py", "        cache.truncate(w0)                                          # drop rows from the window on\n",
-        "        if cache.keys is not None:  # MUTANT: only K/V are rolled back\n"
-        "            cache.keys, cache.values = cache.keys[:, :, :w0], cache.values[:, :, :w0]\n")],
-}
 
 
 @pytest.mark.parametrize("mutant", list(CYCLE_MUTANTS))
