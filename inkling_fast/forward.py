@@ -40,7 +40,10 @@ from .weights import BlockWeights, DenseWeights, ModelWeights, MoEWeights
 
 # Few-token kernels below these sizes, many-token designs from them on (both give the same results up to
 # float32 summation order; tests force each path by setting these).
-MANY_TOKENS = 64      # MoE: `moe` (one program per touched expert, <= 256 tokens) below, `moe_grouped` from here
+# MoE: `moe` (one program per touched expert, <= 256 tokens) below, `moe_grouped` from here on. The
+# threshold is the token count from which the grouped path is the faster one at both the demo
+# checkpoint's and Inkling-Small's MoE sizes, as benchmarks/bench_many_tokens.py measures them.
+MANY_TOKENS = 32
 MANY_ROWS = 65        # greedy LM head: `lm_head_argmax` (streams W once per 64 rows) below, `lm_head_rows` from here
 
 

@@ -109,6 +109,14 @@ _partial = _lm_head_partial_kernel if interpreting() else \
     triton.autotune(configs=_CONFIGS, key=["H", "BLOCK_T", "FP32_DOT"])(_lm_head_partial_kernel)
 
 
+def reduce_partials(pmax: torch.Tensor, pidx: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor,
+                    mup: float) -> None:
+    """The second pass: pmax, pidx [T, n_groups] (per group of GROUP ids, in id order: the maximum and
+    the lowest id reaching it) -> ids[t] (int64), vals[t] = max / mup (float32). One launch."""
+    T, n_groups = pmax.shape
+    _lm_head_reduce_kernel[(T,)](pmax, pidx, ids, vals, n_groups, float(mup), BLOCK=REDUCE_BLOCK, num_warps=4)
+
+
 def lm_head_argmax_torch(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = None,
                          mup: float = 1.0, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
     """The twin: float32 logits chunk by chunk over the vocabulary, argmax with ties to the lowest id.
@@ -127,14 +135,9 @@ def lm_head_argmax_torch(h: torch.Tensor, weight: torch.Tensor, vocab_out: int |
     return best_id, best / mup
 
 
-def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = None,
-                   mup: float = 1.0, ids_out: torch.Tensor | None = None,
-                   vals_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """h: contiguous [T, H]; weight: contiguous [V, H], same dtype (float32/float16/bfloat16) and
-    device; vocab_out: the unpadded vocabulary V_out <= V (default V); mup > 0.
-    Returns (ids int64 [T], vals float32 [T]): argmax and max of (h @ weight[:V_out]^T) / mup per row,
-    ties to the lowest id; written into ids_out / vals_out when given (e.g. a CUDA graph's static
-    buffers). Launches two kernels; no host synchronization."""
+def check_lm_head(h, weight, vocab_out, mup) -> tuple[int, int, int]:
+    """The arguments of `lm_head_argmax` (and `lm_head_rows.lm_head_rows`) checked, one clear
+    ValueError naming the first bad one. Returns (T, H, V_out)."""
     check_tensor("h", h, dtypes=FLOAT_DTYPES)
     need(h.dim() == 2, f"h must be a tensor [T, H], got shape {tuple(h.shape)}")
     check_tensor("weight", weight, dtypes=h.dtype, device=h.device)
@@ -153,6 +156,18 @@ def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None 
         raise ValueError(f"mup must be a finite number > 0, got {mup!r}")
     if H == 0:
         raise ValueError("h has H=0 columns: nothing to score")
+    return T, H, V_out
+
+
+def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = None,
+                   mup: float = 1.0, ids_out: torch.Tensor | None = None,
+                   vals_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """h: contiguous [T, H]; weight: contiguous [V, H], same dtype (float32/float16/bfloat16) and
+    device; vocab_out: the unpadded vocabulary V_out <= V (default V); mup > 0.
+    Returns (ids int64 [T], vals float32 [T]): argmax and max of (h @ weight[:V_out]^T) / mup per row,
+    ties to the lowest id; written into ids_out / vals_out when given (e.g. a CUDA graph's static
+    buffers). Launches two kernels; no host synchronization."""
+    T, H, V_out = check_lm_head(h, weight, vocab_out, mup)
     ids = out_tensor("ids_out", ids_out, (T,), torch.int64, h.device)
     vals = out_tensor("vals_out", vals_out, (T,), torch.float32, h.device)
     if T == 0:
@@ -166,5 +181,5 @@ def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None 
     meta = _INTERPRET_META if interp else {}
     _partial[grid](h, weight, pmax, pidx, T, H, V_out, n_groups, BLOCK_T=BLOCK_T,
                    FP32_DOT=h.dtype == torch.float32 or interp, **meta)
-    _lm_head_reduce_kernel[(T,)](pmax, pidx, ids, vals, n_groups, float(mup), BLOCK=REDUCE_BLOCK, num_warps=4)
+    reduce_partials(pmax, pidx, ids, vals, mup)
     return ids, vals

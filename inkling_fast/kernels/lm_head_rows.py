@@ -35,14 +35,12 @@ before capturing a CUDA graph or timing.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from .lm_head_argmax import (FLOAT_DTYPES, GROUP, INT32_MAX, INTERPRET, REDUCE_BLOCK, _check_device, _dot,
-                             _lm_head_reduce_kernel, _out, lm_head_argmax_torch)
+from .common import dot, interpreting, out_tensor
+from .lm_head_argmax import GROUP, INT32_MAX, check_lm_head, lm_head_argmax_torch, reduce_partials
 
 lm_head_rows_torch = lm_head_argmax_torch   # the twin: float32 logits a chunk of ids at a time, first maximum
 
@@ -72,7 +70,7 @@ def _lm_head_rows_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_groups
             k_ok = (k0 + kk) < H
             a = tl.load(h_ptrs + k0, mask=t_ok[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(w_ptrs + k0, mask=k_ok[:, None] & v_ok[None, :], other=0.0)
-        acc = _dot(a, b, acc, FP32_DOT)
+        acc = dot(a, b, acc, FP32_DOT)
     # epilogue: per group of 64 ids, the maximum and the lowest id reaching it (ids >= V_out never win)
     scores = tl.where(v_ok[None, :], acc, float("-inf"))
     scores = tl.reshape(scores, [BLOCK_T, G, 64])
@@ -97,7 +95,7 @@ _CONFIGS = [
     triton.Config({"BLOCK_T": 32, "BLOCK_V": 64, "BLOCK_K": 32}, num_warps=4, num_stages=2),   # small (float32)
 ]
 _INTERPRET_META = dict(BLOCK_T=32, BLOCK_V=64, BLOCK_K=32, num_warps=4)
-_partial = _lm_head_rows_kernel if INTERPRET else \
+_partial = _lm_head_rows_kernel if interpreting() else \
     triton.autotune(configs=_CONFIGS, key=["H", "t_bucket", "FP32_DOT"])(_lm_head_rows_kernel)
 
 
@@ -107,37 +105,17 @@ def lm_head_rows(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = 
     """`lm_head_argmax`'s arguments and results, tiled for many rows: h contiguous [T, H]; weight
     contiguous [V, H] of h's dtype and device; vocab_out V_out <= V (default V); mup > 0. Returns
     (ids int64 [T], vals float32 [T]), into ids_out / vals_out when given. Two launches, no host sync."""
-    if not isinstance(h, torch.Tensor) or h.dim() != 2 or h.dtype not in FLOAT_DTYPES:
-        raise ValueError("h must be a float32/float16/bfloat16 tensor [T, H]")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError("weight must be a 2-D tensor [V, H] (the unembedding)")
-    if weight.dtype != h.dtype:
-        raise ValueError(f"weight has dtype {weight.dtype}, h has {h.dtype}: they must match")
-    if weight.device != h.device:
-        raise ValueError(f"weight is on {weight.device}, h on {h.device}: they must be on one device")
-    _check_device(h, "h")
-    T, H = h.shape
-    V = weight.shape[0]
-    if weight.shape[1] != H:
-        raise ValueError(f"weight has {weight.shape[1]} columns, h has H={H}: they must match")
-    if not h.is_contiguous() or not weight.is_contiguous():
-        raise ValueError(f"h and weight must be contiguous (h strides {h.stride()}, weight strides {weight.stride()})")
-    V_out = V if vocab_out is None else vocab_out
-    if not isinstance(V_out, int) or not 1 <= V_out <= V:
-        raise ValueError(f"vocab_out must be an int in 1..{V} (the rows of weight), got {vocab_out!r}")
-    if not isinstance(mup, (int, float)) or not math.isfinite(mup) or mup <= 0:
-        raise ValueError(f"mup must be a finite number > 0, got {mup!r}")
-    if H == 0:
-        raise ValueError("h has H=0 columns: nothing to score")
-    ids = _out(ids_out, "ids_out", T, torch.int64, h.device)
-    vals = _out(vals_out, "vals_out", T, torch.float32, h.device)
+    T, H, V_out = check_lm_head(h, weight, vocab_out, mup)
+    ids = out_tensor("ids_out", ids_out, (T,), torch.int64, h.device)
+    vals = out_tensor("vals_out", vals_out, (T,), torch.float32, h.device)
     if T == 0:
         return ids, vals
     n_groups = triton.cdiv(V_out, GROUP)
     pmax = torch.empty(T, n_groups, dtype=torch.float32, device=h.device)
     pidx = torch.empty(T, n_groups, dtype=torch.int32, device=h.device)
     grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]) * triton.cdiv(V_out, meta["BLOCK_V"]),)  # noqa: E731
+    interp = interpreting()
     _partial[grid](h, weight, pmax, pidx, T, H, V_out, n_groups, triton.next_power_of_2(T),
-                   FP32_DOT=h.dtype == torch.float32 or INTERPRET, **(_INTERPRET_META if INTERPRET else {}))
-    _lm_head_reduce_kernel[(T,)](pmax, pidx, ids, vals, n_groups, float(mup), BLOCK=REDUCE_BLOCK, num_warps=4)
+                   FP32_DOT=h.dtype == torch.float32 or interp, **(_INTERPRET_META if interp else {}))
+    reduce_partials(pmax, pidx, ids, vals, mup)
     return ids, vals

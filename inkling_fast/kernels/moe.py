@@ -49,7 +49,7 @@ BLOCK_M = 16          # token rows per dot (the smallest tl.dot tile)
 
 
 @triton.jit
-def _pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E):
+def pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E):
     """Expert id of pair p = t * KS + j: chosen[t, j] (clamped into 0..R-1) for j < k, the shared
     expert R + j - k after; E (no expert) for p >= P."""
     t = p // KS
@@ -73,7 +73,7 @@ def _moe_align_kernel(chosen_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, s
         e = e0 + ar_e
         cnt = tl.zeros([BLOCK_E], tl.int32)
         for p0 in range(0, P, BLOCK_P):
-            ep = _pair_expert(chosen_ptr, p0 + ar_p, P, R, TOP_K, KS, E)
+            ep = pair_expert(chosen_ptr, p0 + ar_p, P, R, TOP_K, KS, E)
             cnt += tl.sum((ep[None, :] == e[:, None]).to(tl.int32), axis=1)
         cnt = tl.where(e < E, cnt, 0)
         touched = cnt > 0
@@ -88,11 +88,11 @@ def _moe_align_kernel(chosen_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, s
     # each pair's row: pairs of lower experts, then the same expert's pairs of lower index
     for p0 in range(0, P, BLOCK_P):
         p = p0 + ar_p
-        ep = _pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E)
+        ep = pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E)
         row = tl.zeros([BLOCK_P], tl.int32)
         for q0 in range(0, P, BLOCK_P):
             q = q0 + ar_p
-            eq = _pair_expert(chosen_ptr, q, P, R, TOP_K, KS, E)
+            eq = pair_expert(chosen_ptr, q, P, R, TOP_K, KS, E)
             before = (eq[None, :] < ep[:, None]) | ((eq[None, :] == ep[:, None]) & (q[None, :] < p[:, None]))
             row += tl.sum(before.to(tl.int32), axis=1)
         tl.store(sorted_ptr + row, p, mask=p < P)
@@ -253,18 +253,11 @@ def moe_torch(x, router_weight, router_bias, gate_global_scale, route_scale, top
 
 
 # ----------------------------------------------------------------------------- wrappers
-def moe_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
-                w2: torch.Tensor, shared_w13: torch.Tensor | None = None, shared_w2: torch.Tensor | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    """x: contiguous [N, H], N <= 256; chosen: int [N, k] routed ids in 0..R-1; weights: float32
-    [N, k + S] (chosen first, then shared); w13: [R, 2F, H] (interleaved rows); w2: [R, H, F];
-    shared_w13: [S, 2F, H], shared_w2: [S, H, F] (or None for S = 0); expert tensors in x's dtype.
-    Returns [N, H] in x's dtype (into `out` when given). Four launches (align, up, down, combine), no host sync."""
+def check_experts(x, chosen, weights, w13, w2, shared_w13, shared_w2) -> tuple[int, int, int, int]:
+    """The expert arguments of `moe_experts` (and `moe_grouped.moe_grouped_experts`) checked, one
+    clear ValueError naming the first bad one. Returns (R, F, S, k)."""
     check_x(x)
     N, H = x.shape
-    if N > MAX_TOKENS:
-        raise ValueError(f"x has N={N} tokens: this small-batch MoE handles at most {MAX_TOKENS} "
-                         "(its grouping step compares all token-expert pairs in one program)")
     if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[1] % 2 != 0:
         raise ValueError("w13 must be a tensor [R, 2F, H] (gate and up rows interleaved)")
     R, F = w13.shape[0], w13.shape[1] // 2
@@ -284,6 +277,35 @@ def moe_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w1
          f"chosen must be a tensor [{N}, k] with 1 <= k <= R = {R}, got {tuple(chosen.shape)}")
     K = chosen.shape[1]
     check_tensor("weights", weights, (N, K + S), torch.float32, x.device, contiguous=True)
+    return R, F, S, K
+
+
+def check_router_rows(router_weight, router_bias, route_scale, shared_w13) -> None:
+    """The layer's arguments that `moe_route` cannot check alone: route_scale a finite number, and
+    router_weight's rows = R (router_bias) + S (shared_w13) when both are tensors of the right rank."""
+    if not isinstance(route_scale, (int, float)) or not math.isfinite(route_scale):
+        raise ValueError(f"route_scale must be a finite number, got {route_scale!r}")
+    S = shared_w13.shape[0] if isinstance(shared_w13, torch.Tensor) else 0
+    if isinstance(router_weight, torch.Tensor) and isinstance(router_bias, torch.Tensor) \
+            and router_weight.dim() == 2 and router_bias.dim() == 1 \
+            and router_weight.shape[0] != router_bias.shape[0] + S:
+        raise ValueError(f"router_weight has {router_weight.shape[0]} rows; router_bias has R = "
+                         f"{router_bias.shape[0]} and shared_w13 S = {S}: they must add up (R + S rows)")
+
+
+def moe_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                w2: torch.Tensor, shared_w13: torch.Tensor | None = None, shared_w2: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: contiguous [N, H], N <= 256; chosen: int [N, k] routed ids in 0..R-1; weights: float32
+    [N, k + S] (chosen first, then shared); w13: [R, 2F, H] (interleaved rows); w2: [R, H, F];
+    shared_w13: [S, 2F, H], shared_w2: [S, H, F] (or None for S = 0); expert tensors in x's dtype.
+    Returns [N, H] in x's dtype (into `out` when given). Four launches (align, up, down, combine), no host sync."""
+    check_x(x)
+    N, H = x.shape
+    if N > MAX_TOKENS:
+        raise ValueError(f"x has N={N} tokens: this small-batch MoE handles at most {MAX_TOKENS} "
+                         "(its grouping step compares all token-expert pairs in one program)")
+    R, F, S, K = check_experts(x, chosen, weights, w13, w2, shared_w13, shared_w2)
     out = out_tensor("out", out, (N, H), x.dtype, x.device)
     if N == 0:
         return out
@@ -321,13 +343,6 @@ def moe(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor,
     """The whole MoE layer (inkling_ref.moe.MoE.forward) for x [N, H], N <= 256: `moe_route`, then
     `moe_experts`. router_weight [R + S, H], router_bias [R], gate_global_scale [1] (on the device),
     route_scale (float), top_k, expert weights as in `moe_experts`. Six launches, no host sync."""
-    if not isinstance(route_scale, (int, float)) or not math.isfinite(route_scale):
-        raise ValueError(f"route_scale must be a finite number, got {route_scale!r}")
-    S = 0 if shared_w13 is None else shared_w13.shape[0]
-    if isinstance(router_weight, torch.Tensor) and isinstance(router_bias, torch.Tensor) \
-            and router_weight.dim() == 2 and router_bias.dim() == 1 \
-            and router_weight.shape[0] != router_bias.shape[0] + S:
-        raise ValueError(f"router_weight has {router_weight.shape[0]} rows; router_bias has R = "
-                         f"{router_bias.shape[0]} and shared_w13 S = {S}: they must add up (R + S rows)")
+    check_router_rows(router_weight, router_bias, route_scale, shared_w13)
     chosen, weights = moe_route(x, router_weight, router_bias, gate_global_scale, route_scale, top_k)
     return moe_experts(x, chosen, weights, w13, w2, shared_w13, shared_w2, out=out)

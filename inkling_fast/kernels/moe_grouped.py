@@ -72,14 +72,14 @@ CUDA graph or timing.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import triton
 import triton.language as tl
 
-from .moe import _dot, _pair_expert, _round_to
-from .moe_router import INTERPRET, check_float, check_x, moe_route, moe_route_torch
+from .common import dot, interpreting, out_tensor, round_to
+from .moe import check_experts, check_router_rows, pair_expert
+from .moe_router import moe_route, moe_route_torch
 
 SORT_BLOCK = 128      # pairs per program of the count and scatter steps
 MAX_EXPERTS = 4096    # the plan step holds all R + S experts in one program's registers
@@ -96,7 +96,7 @@ def _count_kernel(chosen_ptr, hist_ptr, P, R, TOP_K, KS, E, n_blocks,
                   BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
     b = tl.program_id(0)
     p = b * BLOCK_P + tl.arange(0, BLOCK_P)
-    ep = _pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E)                 # E (no expert) for p >= P
+    ep = pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E)                 # E (no expert) for p >= P
     for e0 in range(0, E, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         cnt = tl.sum((ep[:, None] == e[None, :]).to(tl.int32), axis=0)
@@ -135,7 +135,7 @@ def _scatter_kernel(chosen_ptr, prefix_ptr, row_start_ptr, sorted_ptr, P, R, TOP
     b = tl.program_id(0)
     p = b * BLOCK_P + tl.arange(0, BLOCK_P)
     ok = p < P
-    ep = _pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E)
+    ep = pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E)
     before = (ep[None, :] == ep[:, None]) & (p[None, :] < p[:, None])    # same expert, earlier in the block
     rank = tl.sum(before.to(tl.int32), axis=1)
     row = tl.load(row_start_ptr + ep, mask=ok, other=0) + tl.load(prefix_ptr + ep * n_blocks + b, mask=ok, other=0)
@@ -190,11 +190,11 @@ def _grouped_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, tile_expert_ptr, ro
             wg = tl.load(g_ptrs + k0, mask=f_ok[:, None] & k_ok[None, :], other=0.0)
             wu = tl.load(u_ptrs + k0, mask=f_ok[:, None] & k_ok[None, :], other=0.0)
             xt = tl.load(x_ptrs + k0, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
-        acc_g = _dot(wg, xt, acc_g, FP32_DOT)
-        acc_u = _dot(wu, xt, acc_u, FP32_DOT)
+        acc_g = dot(wg, xt, acc_g, FP32_DOT)
+        acc_u = dot(wu, xt, acc_u, FP32_DOT)
     act = acc_g * tl.sigmoid(acc_g) * acc_u                              # silu(g) * u, float32
     tl.store(act_ptr + rows[None, :].to(tl.int64) * F + f[:, None],
-             _round_to(act, act_ptr.dtype.element_ty, FIX_BF16), mask=f_ok[:, None] & r_ok[None, :])
+             round_to(act, act_ptr.dtype.element_ty, FIX_BF16), mask=f_ok[:, None] & r_ok[None, :])
 
 
 @triton.heuristics({"EVEN_K": lambda a: a["F"] % a["BLOCK_K"] == 0})
@@ -228,7 +228,7 @@ def _grouped_down_kernel(act_ptr, w2_ptr, sw2_ptr, sorted_ptr, tile_expert_ptr, 
             k_ok = (k0 + kk) < F
             w = tl.load(w_ptrs + k0, mask=h_ok[:, None] & k_ok[None, :], other=0.0)
             at = tl.load(a_ptrs + k0, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
-        acc = _dot(w, at, acc, FP32_DOT)
+        acc = dot(w, at, acc, FP32_DOT)
     wt = tl.load(weights_ptr + pair, mask=r_ok, other=0.0)                 # each pair's routing weight
     tl.store(pair_out_ptr + pair[None, :].to(tl.int64) * H + h[:, None], acc * wt[None, :],
              mask=h_ok[:, None] & r_ok[None, :])
@@ -243,7 +243,7 @@ def _combine_kernel(pair_out_ptr, y_ptr, N, H, KS: tl.constexpr, BLOCK_T: tl.con
     acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
     for j in tl.static_range(KS):                                         # slot order: a fixed sum
         acc += tl.load(pair_out_ptr + (t * KS + j).to(tl.int64)[:, None] * H + h[None, :], mask=ok, other=0.0)
-    tl.store(y_ptr + t.to(tl.int64)[:, None] * H + h[None, :], _round_to(acc, y_ptr.dtype.element_ty, FIX_BF16),
+    tl.store(y_ptr + t.to(tl.int64)[:, None] * H + h[None, :], round_to(acc, y_ptr.dtype.element_ty, FIX_BF16),
              mask=ok)
 
 
@@ -266,8 +266,8 @@ _DOWN_CONFIGS = [
     triton.Config({"BLOCK_N": 64, "BLOCK_K": 32}, num_warps=4, num_stages=2),     # small (float32, BLOCK_M 128)
 ]
 _KEY = ["H", "F", "BLOCK_M", "FP32_DOT"]  # (FIX_BF16 is off on a GPU)
-_up = _grouped_up_kernel if INTERPRET else triton.autotune(configs=_UP_CONFIGS, key=_KEY)(_grouped_up_kernel)
-_down = _grouped_down_kernel if INTERPRET else triton.autotune(configs=_DOWN_CONFIGS, key=_KEY)(_grouped_down_kernel)
+_up = _grouped_up_kernel if interpreting() else triton.autotune(configs=_UP_CONFIGS, key=_KEY)(_grouped_up_kernel)
+_down = _grouped_down_kernel if interpreting() else triton.autotune(configs=_DOWN_CONFIGS, key=_KEY)(_grouped_down_kernel)
 _UP_INTERPRET = dict(BLOCK_N=32, BLOCK_K=32, num_warps=4)
 _DOWN_INTERPRET = dict(BLOCK_N=32, BLOCK_K=32, num_warps=4)
 
@@ -307,36 +307,6 @@ def moe_grouped_torch(x, router_weight, router_bias, gate_global_scale, route_sc
 
 
 # ----------------------------------------------------------------------------- wrappers
-def _check_experts(x, chosen, weights, w13, w2, shared_w13, shared_w2) -> tuple[int, int, int, int]:
-    """Validate the expert arguments (as moe.moe_experts does); returns (R, F, S, k)."""
-    check_x(x)
-    N, H = x.shape
-    if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[1] % 2 != 0:
-        raise ValueError("w13 must be a tensor [R, 2F, H] (gate and up rows interleaved)")
-    R, F = w13.shape[0], w13.shape[1] // 2
-    check_float(w13, "w13", (R, 2 * F, H), x.device, (x.dtype,))
-    check_float(w2, "w2", (R, H, F), x.device, (x.dtype,))
-    if (shared_w13 is None) != (shared_w2 is None):
-        raise ValueError("shared_w13 and shared_w2 must be given together (or both None for no shared experts)")
-    S = 0
-    if shared_w13 is not None:
-        if not isinstance(shared_w13, torch.Tensor) or shared_w13.dim() != 3:
-            raise ValueError(f"shared_w13 must be a tensor [S, {2 * F}, {H}]")
-        S = shared_w13.shape[0]
-        check_float(shared_w13, "shared_w13", (S, 2 * F, H), x.device, (x.dtype,))
-        check_float(shared_w2, "shared_w2", (S, H, F), x.device, (x.dtype,))
-    if R + S > MAX_EXPERTS:
-        raise ValueError(f"R + S = {R + S} experts: the grouped MoE plans at most {MAX_EXPERTS} in one program")
-    if not isinstance(chosen, torch.Tensor) or chosen.dim() != 2 or chosen.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"chosen must be an int32/int64 tensor [N, k] (N = {N})")
-    K = chosen.shape[1]
-    if chosen.shape[0] != N or not 1 <= K <= R or chosen.device != x.device or not chosen.is_contiguous():
-        raise ValueError(f"chosen must be a contiguous tensor [{N}, k] with 1 <= k <= R = {R} on {x.device}, "
-                         f"got {tuple(chosen.shape)} on {chosen.device}")
-    check_float(weights, "weights", (N, K + S), x.device, (torch.float32,))
-    return R, F, S, K
-
-
 def moe_grouped_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
                         w2: torch.Tensor, shared_w13: torch.Tensor | None = None,
                         shared_w2: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
@@ -347,11 +317,11 @@ def moe_grouped_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Te
     [R, H, F], shared_w13 [S, 2F, H] and shared_w2 [S, H, F] (or None), in x's dtype. block_m: token
     rows per tile, a power of two >= 16 (default `block_m_for`). Returns [N, H] in x's dtype (into
     `out` when given). Six launches (count, plan, scatter, up, down, combine), no host sync."""
-    R, F, S, K = _check_experts(x, chosen, weights, w13, w2, shared_w13, shared_w2)
+    R, F, S, K = check_experts(x, chosen, weights, w13, w2, shared_w13, shared_w2)
+    if R + S > MAX_EXPERTS:
+        raise ValueError(f"R + S = {R + S} experts: the grouped MoE plans at most {MAX_EXPERTS} in one program")
     N, H = x.shape
-    if out is None:
-        out = torch.empty(N, H, dtype=x.dtype, device=x.device)
-    check_float(out, "out", (N, H), x.device, (x.dtype,))
+    out = out_tensor("out", out, (N, H), x.dtype, x.device)
     BM = block_m_for(N, K, R) if block_m is None else block_m
     if not isinstance(BM, int) or BM < 16 or BM & (BM - 1):
         raise ValueError(f"block_m must be a power of two >= 16, got {block_m!r}")
@@ -377,17 +347,18 @@ def moe_grouped_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Te
                        BLOCK_T=min(per_step, max(16, triton.next_power_of_2(n_tiles))), num_warps=8)
     _scatter_kernel[(n_blocks,)](chosen, hist[1], rows[0], sorted_pairs, P, R, K, KS, E, n_blocks,
                                  BLOCK_P=SORT_BLOCK, num_warps=4)
-    fp32_dot = x.dtype == torch.float32 or INTERPRET
+    interp = interpreting()
+    fp32_dot = x.dtype == torch.float32 or interp
     group_m = max(1, 512 // BM)
     _up[lambda m: (n_tiles * triton.cdiv(F, m["BLOCK_N"]),)](
         x, w13, shared_w13 if S else w13, sorted_pairs, tile_expert, rows[1], act, H, F, R, E, KS, n_tiles,
-        BLOCK_M=BM, GROUP_M=group_m, FP32_DOT=fp32_dot, FIX_BF16=INTERPRET, **(_UP_INTERPRET if INTERPRET else {}))
+        BLOCK_M=BM, GROUP_M=group_m, FP32_DOT=fp32_dot, FIX_BF16=interp, **(_UP_INTERPRET if interp else {}))
     _down[lambda m: (n_tiles * triton.cdiv(H, m["BLOCK_N"]),)](
         act, w2, shared_w2 if S else w2, sorted_pairs, tile_expert, rows[1], weights, pair_out, H, F, R, E, n_tiles,
-        BLOCK_M=BM, GROUP_M=group_m, FP32_DOT=fp32_dot, **(_DOWN_INTERPRET if INTERPRET else {}))
+        BLOCK_M=BM, GROUP_M=group_m, FP32_DOT=fp32_dot, **(_DOWN_INTERPRET if interp else {}))
     BLOCK_T, BLOCK_H = 4, 256
     _combine_kernel[(triton.cdiv(N, BLOCK_T), triton.cdiv(H, BLOCK_H))](
-        pair_out, out, N, H, KS=KS, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, FIX_BF16=INTERPRET, num_warps=4)
+        pair_out, out, N, H, KS=KS, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, FIX_BF16=interp, num_warps=4)
     return out
 
 
@@ -399,13 +370,6 @@ def moe_grouped(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch
     `moe.moe`: router_weight [R + S, H], router_bias [R], gate_global_scale [1] (on the device),
     route_scale (float), top_k, expert weights as in `moe_grouped_experts`. `moe_route`, then
     `moe_grouped_experts`: eight launches, no host sync."""
-    if not isinstance(route_scale, (int, float)) or not math.isfinite(route_scale):
-        raise ValueError(f"route_scale must be a finite number, got {route_scale!r}")
-    S = 0 if shared_w13 is None else shared_w13.shape[0]
-    if isinstance(router_weight, torch.Tensor) and isinstance(router_bias, torch.Tensor) \
-            and router_weight.dim() == 2 and router_bias.dim() == 1 \
-            and router_weight.shape[0] != router_bias.shape[0] + S:
-        raise ValueError(f"router_weight has {router_weight.shape[0]} rows; router_bias has R = "
-                         f"{router_bias.shape[0]} and shared_w13 S = {S}: they must add up (R + S rows)")
+    check_router_rows(router_weight, router_bias, route_scale, shared_w13)
     chosen, weights = moe_route(x, router_weight, router_bias, gate_global_scale, route_scale, top_k)
     return moe_grouped_experts(x, chosen, weights, w13, w2, shared_w13, shared_w2, out=out)

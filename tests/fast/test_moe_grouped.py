@@ -5,12 +5,9 @@ and against the few-token `moe`, the dispatch in forward.mlp_forward, errors, an
 widths (256 experts, top-6, 2 shared) at 1 to 4096 tokens, all tokens on six experts, determinism, and a run
 without host sync that is captured in a CUDA graph and replayed."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
-from helpers import TOL, device, poison, randn, run_without_sync_then_capture  # noqa: F401 (fixture)
+from helpers import TOL, device, load_benchmark, poison, randn, run_without_sync_then_capture  # noqa: F401 (fixture)
 from test_moe import WIDTHS, check_routing, expert_weights, params, random_routing, real_layer, reference_moe
 
 from inkling_fast import forward
@@ -281,10 +278,7 @@ def test_without_host_sync_in_a_cuda_graph(small_layer):
 def test_benchmark_dry_run():
     """benchmarks/bench_many_tokens.py imports, builds its cases and passes its checks at tiny sizes (its
     timing runs only on a GPU)."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_many_tokens.py"
-    spec = importlib.util.spec_from_file_location("bench_many_tokens", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_many_tokens")
     assert bench.SECTION and callable(bench.run)
     bench.dry_run()
     rows = [dict(N=n, few=few, many=many) for n, few, many in [(1, 1, 2), (2, 2, 1), (4, 2, 3), (8, 4, 3), (16, 8, 5)]]
