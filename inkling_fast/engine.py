@@ -28,9 +28,13 @@ the scratch slot. A row whose slot is `done` is such a padding row too. Depths b
 records are those of the reference: CycleRecord.k is k_eff.
 
 The host loop (`generate`). Everything a cycle needs is device state: the committed length n, stop,
-the EOS id and `done` per slot. The host launches a step (a prefill pass or a cycle), waits for its
-result array (one device-to-host copy per step, into pinned memory, waited on through an event) and
-books it: tokens, cycle records, finished sequences, freed slots.
+the EOS id and `done` per slot. So the host may launch step i+1 before it has read step i's results
+(`overlap=True`, the default): it launches, then books the previous step from its pinned copy (one
+device-to-host copy per step, waited on through an event). A sequence that finished in cycle i is
+still in the batch of cycle i+1, already launched: its slot is `done` on the device, so that row runs
+as padding and comes back with live = 0, and the host discards it; the slot is refilled after
+cycle i is booked, at most one cycle late. Results are the same as with `overlap=False`, the
+synchronous reference loop (launch a step, wait, book it), token for token and record for record.
 Prefill passes and cycles alternate while sequences are running (a running sequence waits at most
 one pass between two cycles); prompts queued beyond max_batch_size wait for a free slot.
 
@@ -169,12 +173,13 @@ class Engine:
     the same code eagerly (also the CPU interpreter).
     prefill_tokens: the token budget of one prefill pass (batch rows x chunk length, padding included);
     prefill_lengths: its chunk lengths (default 16, 32, ... up to the budget, `default_prefill_lengths`).
+    overlap: generate's default loop (True: the next step is launched before the last one is booked).
     """
 
     def __init__(self, checkpoint_or_model, max_batch_size: int, max_seq_len: int, num_speculative_tokens: int,
                  dtype: torch.dtype = torch.bfloat16, *, device=None, use_cuda_graphs: bool | None = None,
                  batch_sizes: list[int] | None = None, prefill_tokens: int = 4096,
-                 prefill_lengths: list[int] | None = None, uniforms: str = "device"):
+                 prefill_lengths: list[int] | None = None, uniforms: str = "device", overlap: bool = True):
         k = num_speculative_tokens
         for name, v, lo in (("max_batch_size", max_batch_size, 1), ("max_seq_len", max_seq_len, 2),
                             ("num_speculative_tokens", k, 0), ("prefill_tokens", prefill_tokens, 1)):
@@ -215,7 +220,7 @@ class Engine:
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.batch_sizes = sorted(set(sizes))
         self.prefill_tokens, self.prefill_lengths = prefill_tokens, sorted(set(lengths))
-        self.use_cuda_graphs, self.uniforms = use_cuda_graphs, uniforms
+        self.use_cuda_graphs, self.uniforms, self.overlap = use_cuda_graphs, uniforms, overlap
         self.W = W
 
         def cache(block):
@@ -668,10 +673,11 @@ class Engine:
     def generate(self, prompt_ids, max_new_tokens: int | list[int], num_speculative_tokens: int | None = None,
                  temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                  draft_sampling: str = "greedy", seed: int | None = None,
-                 eos_token_id: int | None = None) -> GenerationResult:
+                 eos_token_id: int | None = None, overlap: bool | None = None) -> GenerationResult:
         """As `inkling_ref.generate` (same arguments without the model, same result). k defaults to the
         engine's num_speculative_tokens and may be smaller; max_new_tokens may also be a list, one limit
-        per prompt. Prompts beyond max_batch_size wait for a free slot. Host timings are left in `self.timings` (per
+        per prompt. Prompts beyond max_batch_size wait for a free slot. overlap: the loop (None: the
+        engine's default; see the module docstring). Host timings are left in `self.timings` (per
         step) and `self.request_times` (per prompt: when its first token and its last were booked),
         time.perf_counter seconds from `self.started_s`."""
         prompts = normalize_prompts(prompt_ids)
@@ -680,6 +686,7 @@ class Engine:
         self.validate(prompts, max_new_tokens, k, draft_sampling)
         if eos_token_id is not None and (not isinstance(eos_token_id, int) or isinstance(eos_token_id, bool)):
             raise ValueError(f"eos_token_id must be a token id (int) or None, got {eos_token_id!r}")
+        overlap = self.overlap if overlap is None else overlap
         limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
         t0 = self.started_s = time.perf_counter()
         seqs = [self._sequence(i, p, limits[i], k, mode,
@@ -715,7 +722,7 @@ class Engine:
             if step is not None:
                 inflight.append(step)
                 self.timings.append(step.timing)
-            while inflight:
+            while inflight and (step is None or len(inflight) > int(overlap)):
                 for seq in self._book(inflight.popleft(), k):
                     decoding.pop(seq.slot, None)
                     free.append(seq.slot)

@@ -4,7 +4,8 @@ On every machine (CPU: the Triton interpreter, eager; GPU: compiled, replayed fr
 random models whose drafts are accepted in a fair share of cycles:
   * greedy `generate` == inkling_ref.generate: token ids, every CycleRecord and the statistics, for
     k = 0..4 at batch 1, and for a ragged batch (EOS inside a cycle, max-token stops, slot refill,
-    padded rows, prompts split over several prefill passes); every ring wraps
+    padded rows, prompts split over several prefill passes) with the overlapped and the synchronous
+    host loop; every ring wraps
   * batched prefill passes leave every cache (trunk and depth KV and conv rings, hidden ring, token
     buffer, slot state) as the per-sequence prefill and the reference leave them: ragged prompts of
     1..13 tokens (longer than the sliding window, split over passes, padded), and a sequence
@@ -12,15 +13,18 @@ random models whose drafts are accepted in a fair share of cycles:
   * after scripted cycles (accept counts 0..k; the token committed after a rejection never equals the
     rejected draft) the caches read back from the rings equal the reference's: trunk rows == a fresh
     prefill, depth rows == the teacher-forced chained fold, hidden ring == the trunk's hiddens
-  * sampling fed the reference's uniforms == inkling_ref.generate (greedy and sampled drafts)
+  * sampling fed the reference's uniforms == inkling_ref.generate (greedy and sampled drafts), with
+    both loops; sampling with device uniforms: the overlapped loop == the synchronous one
   * errors name the problem
 Caches, hidden ring and token buffer are poisoned (NaN, id -7) before each run: a read of a row that
 was never written turns into a wrong token or a failed comparison.
 
-GPU only (@pytest.mark.gpu): the demo checkpoint at fp32 (k = 0..8, batch 1 and a ragged 8, cache
-invariants, batched prefill caches), a random 8-depth model with refills, EOS and split prompts, bf16
-against its own plain decoding and the fp32 acceptance length, the cycle and a prefill pass under
-sync-debug "error" and as graph replays, the sampled distribution with device (Philox) uniforms.
+GPU only (@pytest.mark.gpu): the demo checkpoint at fp32 (k = 0..8, batch 1 and a ragged 8, both
+loops, cache invariants, batched prefill caches), a random 8-depth model with refills, EOS and split
+prompts (both loops), bf16 against its own plain decoding and the fp32 acceptance length, the cycle
+and a prefill pass under sync-debug "error" and as graph replays, the overlapped steady state with
+no host synchronization but the one result copy per step, the sampled distribution with device
+(Philox) uniforms.
 """
 
 from __future__ import annotations
@@ -181,7 +185,7 @@ def test_engine_from_kernel_ready_weights(model):
 def test_ragged_batch_with_refill_padding_and_eos():
     """4 prompts of lengths 1..7 on 3 slots, always padded to a batch of 3: a finished sequence's slot
     is refilled, rows go idle as sequences stop (EOS inside a cycle, or length), each sequence gets
-    what it gets alone. The caches are sized exactly
+    what it gets alone, with the overlapped and the synchronous loop. The caches are sized exactly
     for k = 2; the depths end with chain_hidden_post_norm; prefill passes of 3 rows x 2 tokens (the
     7-token prompt in 4 passes, the last padded; later prompts prefilled between cycles)."""
     cfg = engine_config(chain_hidden_post_norm=True, num_mtp_depths=2, mtp_layer_types=["global", "sliding"])
@@ -192,9 +196,10 @@ def test_ragged_batch_with_refill_padding_and_eos():
                     device=DEVICE, batch_sizes=[3], prefill_tokens=6, prefill_lengths=[2])
     eos = eos_inside_a_cycle(model, prompts, N, k=2, ragged=True)
     want = generate(model, prompts, max_new_tokens=N, num_speculative_tokens=2, eos_token_id=eos)
-    poison(engine)
-    got = engine.generate(prompts, max_new_tokens=N, num_speculative_tokens=2, eos_token_id=eos)
-    assert_same_result(got, want)
+    for overlap in (True, False):
+        poison(engine)
+        got = engine.generate(prompts, max_new_tokens=N, num_speculative_tokens=2, eos_token_id=eos, overlap=overlap)
+        assert_same_result(got, want)
     lengths = [len(t) for t in got.token_ids]
     assert min(lengths) < N and max(lengths) == N, f"not ragged: lengths {lengths}"
     assert_accepts_and_rejects(got)
@@ -394,9 +399,9 @@ def test_reference_stream_drawn_at_once_equals_its_pieces():
     assert whole == pieces
 
 
-@pytest.mark.parametrize("draft_sampling,params", [("greedy", dict(temperature=1.3, top_k=4)),
-                                                   ("sample", dict(temperature=0.9, top_p=0.9))])
-def test_sampling_with_reference_uniforms_equals_reference(model, draft_sampling, params):
+@pytest.mark.parametrize("draft_sampling,params,overlap", [("greedy", dict(temperature=1.3, top_k=4), True),
+                                                           ("sample", dict(temperature=0.9, top_p=0.9), False)])
+def test_sampling_with_reference_uniforms_equals_reference(model, draft_sampling, params, overlap):
     """uniforms="reference": the engine draws each sequence's uniforms from the reference's own stream,
     so the rejection sampling on the device must pick exactly the reference's tokens (3 prompts on 2
     slots: the third takes a finished sequence's slot and stream; one max_new_tokens per prompt, each
@@ -406,12 +411,27 @@ def test_sampling_with_reference_uniforms_equals_reference(model, draft_sampling
     prompts, limits = [[1, 2, 3], [0, 4], [2]], [6, 4, 7]
     kw = dict(num_speculative_tokens=2, draft_sampling=draft_sampling, seed=11, **params)
     poison(engine)
-    got = engine.generate(prompts, max_new_tokens=limits, **kw)
+    got = engine.generate(prompts, max_new_tokens=limits, overlap=overlap, **kw)
     runs = [generate(model, prompts, max_new_tokens=n, **kw) for n in limits]
     assert got.token_ids == [r.token_ids[i] for i, r in enumerate(runs)]
     assert got.cycles == [r.cycles[i] for i, r in enumerate(runs)]
     assert repr(got.stats) == repr(AcceptanceStats.from_cycles(2, [c for seq in got.cycles for c in seq]))
     assert_accepts_and_rejects(got)
+
+
+def test_sampling_with_device_uniforms_overlapped_equals_synchronous(model):
+    """uniforms="device" (Philox per slot): the overlapped loop gives exactly the synchronous loop's
+    tokens, records and statistics (3 prompts on 2 slots, EOS, sampled drafts)."""
+    engine = Engine(model, max_batch_size=2, max_seq_len=20, num_speculative_tokens=2, dtype=torch.float32,
+                    device=DEVICE)
+    prompts = [[1, 2, 3], [0, 4], [2]]
+    kw = dict(max_new_tokens=7, temperature=1.0, draft_sampling="sample", seed=5, eos_token_id=3)
+    poison(engine)
+    want = engine.generate(prompts, overlap=False, **kw)
+    poison(engine)
+    got = engine.generate(prompts, overlap=True, **kw)
+    assert_same_result(got, want)
+    assert any(t[-1] == 3 and len(t) < 7 for t in got.token_ids), "no sequence stopped at the EOS"
 
 
 # ----------------------------------------------------------------------------- errors
@@ -498,9 +518,10 @@ def demo_fp32():
 
 @pytest.mark.gpu
 def test_gpu_demo_fp32_equals_reference(demo_ref, demo_fp32):
-    """The trained demo checkpoint at fp32 on the GPU, k = 0..8, batch 1 and a ragged batch of 8: token
-    ids identical to inkling_ref.generate (same GPU). The cycle records must agree too, up to draft
-    choices that a last-bit difference can flip (allowed in at most 1% of the cycles)."""
+    """The trained demo checkpoint at fp32 on the GPU, k = 0..8, batch 1 and a ragged batch of 8, with
+    the overlapped and the synchronous loop: token ids identical to inkling_ref.generate (same GPU).
+    The cycle records must agree too, up to draft choices that a last-bit difference can flip (allowed
+    in at most 1% of the cycles; the two loops may run a cycle at different padded batch sizes)."""
     prompts = demo_prompts(8)
 
     def records_differ(got, want) -> int:
@@ -512,21 +533,25 @@ def test_gpu_demo_fp32_equals_reference(demo_ref, demo_fp32):
     for k in range(9):
         for batch in (prompts[:1], prompts):
             want = generate(demo_ref, batch, max_new_tokens=48, num_speculative_tokens=k)
-            poison(demo_fp32)
-            got = demo_fp32.generate(batch, max_new_tokens=48, num_speculative_tokens=k)
-            assert got.token_ids == want.token_ids, f"k={k}, batch {len(batch)}"
-            records_differ(got, want)
-            if k >= 1:
-                assert got.stats.acceptance_length > 1.3, "the trained head should be accepted often"
+            runs = []
+            for overlap in (True, False):
+                poison(demo_fp32)
+                got = demo_fp32.generate(batch, max_new_tokens=48, num_speculative_tokens=k, overlap=overlap)
+                assert got.token_ids == want.token_ids, f"k={k}, batch {len(batch)}, overlap={overlap}"
+                records_differ(got, want)
+                runs.append(got)
+                if k >= 1:
+                    assert got.stats.acceptance_length > 1.3, "the trained head should be accepted often"
+            records_differ(*runs)
 
 
 @pytest.mark.gpu
 def test_gpu_random_model_equals_reference():
     """A random 8-depth model (log-tau inside the depths too), k = 0..8, batch 1 and a ragged batch of 8
     prompts of 1..22 tokens on 4 slots (refills), prefill passes of at most 16 tokens (chunks of 4, 8
-    or 16: prompts split over passes, padded rows), with an EOS too (k = 1, 4, 8): token ids, cycle
-    records and statistics identical to inkling_ref. Then sampling with the reference's uniforms
-    (greedy and sampled drafts, k = 1, 4, 8)."""
+    or 16: prompts split over passes, padded rows), with an EOS too (k = 1, 4, 8), with the overlapped
+    and the synchronous loop: token ids, cycle records and statistics identical to inkling_ref. Then
+    sampling with the reference's uniforms (greedy and sampled drafts, k = 1, 4, 8), both loops."""
     cfg = engine_config(hidden_size=64, num_heads=4, num_kv_heads=2, swa_num_heads=4, swa_num_kv_heads=2,
                         max_position_embeddings=256, num_mtp_depths=8, mtp_apply_log_scaling=True,
                         mtp_layer_types=["sliding", "global", "sliding", "global"] + ["sliding"] * 4)
@@ -542,21 +567,24 @@ def test_gpu_random_model_equals_reference():
             cases.append((prompts, eos_inside_a_cycle(model, prompts, 40, k)))
         for batch, eos_id in cases:
             want = generate(model, batch, max_new_tokens=40, num_speculative_tokens=k, eos_token_id=eos_id)
-            poison(engine)
-            got = engine.generate(batch, max_new_tokens=40, num_speculative_tokens=k, eos_token_id=eos_id)
-            assert_same_result(got, want)
-            if k:
-                assert_accepts_and_rejects(got)
-            if eos_id is not None:
-                assert eos_cuts(got, eos_id)
+            for overlap in (True, False):
+                poison(engine)
+                got = engine.generate(batch, max_new_tokens=40, num_speculative_tokens=k, eos_token_id=eos_id,
+                                      overlap=overlap)
+                assert_same_result(got, want)
+                if k:
+                    assert_accepts_and_rejects(got)
+                if eos_id is not None:
+                    assert eos_cuts(got, eos_id)
     sampler = Engine(model, uniforms="reference", **kw)
     for k in (1, 4, 8):
         for draft_sampling in ("greedy", "sample"):
             args = dict(max_new_tokens=30, num_speculative_tokens=k, temperature=0.8, top_k=4,
                         draft_sampling=draft_sampling, seed=3)
             want = generate(model, prompts, **args)
-            poison(sampler)
-            assert_same_result(sampler.generate(prompts, **args), want)
+            for overlap in (True, False):
+                poison(sampler)
+                assert_same_result(sampler.generate(prompts, overlap=overlap, **args), want)
 
 
 @pytest.mark.gpu
@@ -739,6 +767,32 @@ def sync_debug_error_but_result_waits():
     finally:
         torch.cuda.set_sync_debug_mode(0)
         torch.cuda.Event.synchronize = wait
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sampling", [False, True])
+def test_gpu_overlapped_loop_waits_only_for_the_result_copies(model, sampling):
+    """A whole overlapped `generate` (6 prompts on 4 slots: refills, prompts split over prefill passes,
+    an EOS), once its graphs are captured, under sync-debug "error": any synchronizing CUDA call raises
+    (a blocking copy, .item(), a stream or device sync), except the one wait per step for its result
+    copy (torch.cuda.Event.synchronize, counted: one per step). Same result as the synchronous loop."""
+    engine = Engine(model, max_batch_size=4, max_seq_len=48, num_speculative_tokens=3, dtype=torch.float32,
+                    prefill_tokens=16, prefill_lengths=[4, 8, 16])
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 5, (n,), generator=g).tolist() for n in (1, 9, 20, 3, 14, 6)]
+    kw = dict(max_new_tokens=24)
+    if sampling:
+        kw.update(temperature=0.9, draft_sampling="sample", seed=2)
+    kw["eos_token_id"] = engine.generate(prompts, overlap=False, **kw).token_ids[2][12]   # stops sequence 2 early
+    want = engine.generate(prompts, overlap=False, **kw)
+    engine.generate(prompts, overlap=True, **kw)                     # captures what the overlapped schedule needs
+    captured = len(engine.graphs)
+    with sync_debug_error_but_result_waits() as waits:
+        got = engine.generate(prompts, overlap=True, **kw)
+    assert_same_result(got, want)
+    assert len(waits) == len(engine.timings) and len(set(map(id, waits))) == len(waits)
+    assert len(engine.graphs) == captured
+    assert any(len(t) < 24 for t in got.token_ids) and sum(t.kind == "prefill" for t in engine.timings) >= 4
 
 
 @pytest.mark.gpu
