@@ -412,13 +412,16 @@ class _OldEngineProbe:
 
 
 def run_requests(res: dict) -> None:
-    """Section `requests`; with --baseline-src, the same in a subprocess on the older tree."""
+    """Section `requests`; with --baseline-src, the same in a subprocess on the older tree (its
+    inkling_fast and inkling_ref; the demo checkpoint and the prompts of this tree)."""
     out = requests_workloads()
     baseline = arg_value("--baseline-src")
     if baseline:
         path = Path(os.environ.get("TMPDIR", "/tmp")) / f"engine_requests_baseline_{os.getpid()}.json"
         commit = os.environ.get("INKLING_BASELINE_COMMIT") or _git_commit_of(baseline)
-        env = dict(os.environ, INKLING_SRC=str(Path(baseline).resolve()), INKLING_COMMIT=commit)
+        # the same weights and prompts: the older tree needs only its packages
+        env = dict(os.environ, INKLING_SRC=str(Path(baseline).resolve()), INKLING_COMMIT=commit,
+                   INKLING_CHECKPOINT=str(Path(DEFAULT_CHECKPOINT).resolve()))
         cmd = [sys.executable, str(Path(__file__).resolve()), "requests", "--as-baseline", "--json-out", str(path)]
         log(f"baseline: {baseline} (commit {commit}) in a subprocess")
         subprocess.run(cmd + (["--dry"] if DRY else []), env=env, check=True)
@@ -443,7 +446,7 @@ def requests_model():
     """The demo checkpoint (float32, CPU: the engines copy it); a dry run takes a tiny random model with
     the demo's vocabulary and maximum length instead (the interpreter is too slow for the demo's)."""
     if not DRY:
-        return load_checkpoint(DEFAULT_CHECKPOINT)
+        return load_checkpoint(os.environ.get("INKLING_CHECKPOINT") or DEFAULT_CHECKPOINT)
     from inkling_ref import InklingConfig, random_model
     return random_model(InklingConfig(
         vocab_size=4032, unpadded_vocab_size=4000, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
