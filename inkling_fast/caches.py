@@ -24,7 +24,11 @@ rows hold position -1 everywhere, and the kernels touch no cache memory for thos
                                              k_eff = min(k, stop - n - 1) drafts
     hidden   [slots+1, 2k+2, H]              trunk hiddens H_p at row p % (2k+2): a window reads
                                              H_{n-2-k..n-2} while the verify writes H_{n-1..n-1+k}
-    seeds, counters [slots+1]                per-sequence Philox stream (sampling with device uniforms)
+    done     [slots+1]                       the sequence has finished (max_new_tokens or EOS): a batch row
+                                             on this slot is padding in every cycle until the slot is refilled
+    eos      [slots+1]                       the sequence's EOS token id (-1: none)
+    seeds, counters [slots+1]                per-sequence uniform stream: the Philox seed (device uniforms)
+                                             and the offset of the next draw in the stream
 
 Why these sizes never lose a row that is still needed: every forward writes its own positions before
 it reads them, and the highest position ever written in a trunk cache is n-2+k (a verify with no
@@ -99,6 +103,8 @@ class SlotState:
     n: torch.Tensor
     stop: torch.Tensor
     hidden: torch.Tensor
+    done: torch.Tensor
+    eos: torch.Tensor
     seeds: torch.Tensor
     counters: torch.Tensor
 
@@ -111,7 +117,8 @@ class SlotState:
             return torch.zeros(shape, dtype=dt, device=device)
 
         return cls(tokens=zeros(S, max_seq_len + k + 1), n=zeros(S), stop=zeros(S),
-                   hidden=zeros(S, 2 * k + 2, hidden_size, dt=dtype), seeds=zeros(S), counters=zeros(S))
+                   hidden=zeros(S, 2 * k + 2, hidden_size, dt=dtype), done=zeros(S, dt=torch.bool),
+                   eos=torch.full((S,), -1, dtype=torch.int64, device=device), seeds=zeros(S), counters=zeros(S))
 
     @property
     def scratch(self) -> int:

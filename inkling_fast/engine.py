@@ -1,38 +1,61 @@
 """`Engine`: batched multi-depth MTP speculative decoding on the fast kernels, replayed as CUDA graphs.
 
 The same loop as `inkling_ref.generate` (docs/spec/mtp-cycle.md), with the same names; what
-changes is where the state lives (static position-addressed caches, caches.py) and that one cycle
-is a fixed sequence of kernels over a padded batch, with no host synchronization inside it:
+changes is where the state lives (static position-addressed caches, caches.py), that prompts and
+cycles are fixed sequences of kernels over padded batches, and that the host never waits inside them:
 
-    prefill(slot, prompt)      eager: trunk over the prompt (chunks of <= 256 tokens), x_L, and every
-                               depth over the prompt rows 0..L-2-k (teacher-forced)
-    cycle(batch):              on the device, captured per batch size:
+    prefill pass(rows)         on the device, captured per (B, T, k, mode): the next chunk of up to B
+                               admitted sequences at once (one row each, padded to T tokens; plan in
+                               prefill_plan.py): the trunk over the chunk, H_p of the first window into
+                               the hidden ring, every depth over the chunk's teacher-forced rows
+                               p <= L-2-k; for a prompt's last chunk x_L (greedy, or sampled with its
+                               uniform) and the slot's state (n = L+1, stop, EOS, done)
+    cycle(batch):              on the device, captured per (B, k, mode):
         draft                  depths 0..k-1 over the window [n-2-k, n-2]; d_{m+1} -> tokens[n+m]
         verify                 trunk over tokens[n-1 .. n-1+k] at positions n-1 .. n-1+k
         accept                 greedy_accept / rejection_sample, capped at k_eff per sequence
         commit                 tokens[n+a] = b; n += a + 1          (rollback = the length only)
-    host, between cycles:      one copy of (a, b, drafts) per cycle -> CycleRecords, stop at
-                               max_new_tokens / EOS, refill freed slots with waiting prompts
+        outcome                the emitted tokens cut at EOS; done[slot] at EOS or n = stop
+    host (generate)            admits prompts into free slots, launches passes and cycles, and books
+                               each step from one asynchronous copy of its result array
 
 Fixed shapes: every cycle runs T = k+1 rows per sequence for every depth and the verify. A window
 row at a position < 0 (short prompts) and a verify row beyond k_eff = min(k, stop - n - 1) are
 padding (pos = -1: no cache reads or writes). A batch is padded to the next captured size with rows
 that point at the scratch slot (SlotState.scratch) with every position -1: they write nothing but
-the scratch slot. Depths beyond k_eff still run (their rows are rewritten by the next window), and
-drafts beyond k_eff are never accepted, so the records are those of the reference: CycleRecord.k
-is k_eff.
+the scratch slot. A row whose slot is `done` is such a padding row too. Depths beyond k_eff still run
+(their rows are rewritten by the next window), and drafts beyond k_eff are never accepted, so the
+records are those of the reference: CycleRecord.k is k_eff.
 
-Sampling (temperature > 0) uses, per sequence, the uniforms in the reference's order (k for sampled
-drafts, k for the acceptance tests, one for the correction/bonus). `uniforms="device"` draws them
-with Philox on the device inside the graph (a different stream than the reference's, the same
-distribution); `uniforms="reference"` draws the reference's own per-sequence torch.Generator stream
-on the host and copies it in before each cycle: sampled output then equals inkling_ref.generate's
+The host loop (`generate`). Everything a cycle needs is device state: the committed length n, stop,
+the EOS id and `done` per slot. So the host may launch step i+1 before it has read step i's results
+(`overlap=True`, the default): it launches, then books the previous step from its pinned copy (one
+device-to-host copy per step, waited on through an event). A sequence that finished in cycle i is
+still in the batch of cycle i+1, already launched: its slot is `done` on the device, so that row runs
+as padding and comes back with live = 0, and the host discards it; the slot is refilled after
+cycle i is booked, at most one cycle late. Results are the same as with `overlap=False`, the
+synchronous reference loop (launch a step, wait, book it), token for token and record for record.
+Prefill passes and cycles alternate while sequences are running (a running sequence waits at most
+one pass between two cycles); prompts queued beyond max_batch_size wait for a free slot.
+
+Sampling (temperature > 0) uses, per sequence, the uniforms in the reference's order (k_eff for
+sampled drafts, k_eff for the acceptance tests, one for the correction/bonus; one for x_L first).
+`uniforms="device"` draws them with Philox on the device inside the graph (a different stream than
+the reference's, the same distribution); `uniforms="reference"` copies each sequence's stream from
+the reference's own per-sequence torch.Generator to the device when it is admitted, and the cycle
+reads it at the slot's offset (SlotState.counters): sampled output then equals inkling_ref.generate's
 for the same seed, token for token.
+
+Driving the steps by hand (tests, notebooks): `prefill(slot, prompt, k, stop, mode)` starts one
+sequence (eager, the reference path of the batched passes); `prefill_batch(slots, prompts, k, stops,
+mode)` starts several at once with the batched passes that generate uses; then `make_batch`, `draft`,
+`verify`, `accept`, `commit` (or `cycle` / `run_cycle`) run cycles on chosen slots.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import secrets
 import time
 from collections import deque
@@ -48,14 +71,17 @@ from inkling_ref.sampling import SamplingParams, draft_params
 
 from . import forward, weights
 from .caches import LayerCache, SlotState
+from .graphs import StepGraph
 from .kernels.accept import greedy_accept
-from .kernels.moe import MAX_TOKENS
 from .kernels.rejection import rejection_sample
 from .kernels.common import interpreting
 from .kernels.sampling import sample_tokens, sampling_probs
 from .kernels.uniforms import philox_uniforms
+from .prefill_plan import default_prefill_lengths, plan_prefill_pass
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+PASS_META = ("slot", "start", "length", "prompt_len", "stop", "eos", "seed", "last")  # prefill row columns
+META = len(PASS_META)
 
 
 @dataclass(frozen=True)
@@ -89,17 +115,56 @@ class Batch:
     uniforms: torch.Tensor  # float64 [B, 2k+1]
 
 
+class CycleColumns:
+    """Columns of a cycle's result row (int64 [B, k+7]): a, b, d_1..d_k, then k_eff, the number of
+    tokens emitted (a+1, or up to and including an EOS), whether an EOS was emitted, whether the
+    sequence is done after the cycle, and whether the row ran live (0: padding or an already finished
+    sequence; nothing to book)."""
+
+    def __init__(self, k: int):
+        self.a, self.b, self.drafts = 0, 1, 2
+        self.k_eff, self.emitted, self.eos, self.done, self.live = k + 2, k + 3, k + 4, k + 5, k + 6
+
+
+@dataclass
+class StepTiming:
+    """Host-side timing of one step of the last `generate` (time.perf_counter seconds)."""
+    kind: str               # "prefill" (one batched pass) or "cycle"
+    shape: tuple            # prefill: (B, T), the captured pass; cycle: (B,)
+    rows: int               # prefill: prompt chunks in the pass; cycle: rows that ran live
+    tokens: int             # prefill: prompt tokens in the pass; cycle: tokens emitted
+    launched_s: float       # when the host began to launch it
+    ready_s: float = math.nan   # when its result array was on the host (after the wait)
+    host_s: float = 0.0     # host time spent on it outside the wait: launching and booking
+
+
 @dataclass
 class _Sequence:
-    """Host bookkeeping of one running sequence."""
+    """Host bookkeeping of one sequence."""
     index: int
-    prompt: list[int]
-    slot: int
+    prompt: torch.Tensor                    # int64 [L] on the host
     stop: int                               # prompt length + max_new_tokens
-    uniforms: Uniforms | None               # the reference's stream (uniforms="reference")
-    n: int = 0                              # committed tokens (mirrors SlotState.n)
+    seed: int
+    eos: int                                # -1: none
+    uniforms: Uniforms | None               # the reference's stream (uniforms="reference", sampling)
+    draws: int                              # the most uniforms it can use: x_L's, then 2k+1 per cycle
+    slot: int = -1
+    prefilled: int = 0                      # prompt tokens whose prefill pass is launched
     out: list[int] = field(default_factory=list)
     cycles: list[CycleRecord] = field(default_factory=list)
+    first_s: float = math.nan               # when x_L was booked (time.perf_counter)
+    done_s: float = math.nan                # when the step that finished it was booked
+
+
+@dataclass
+class _Step:
+    """A launched step: its batch rows' sequences and its result array on its way to the host."""
+    kind: str
+    seqs: list[_Sequence]
+    last: list[bool]                        # prefill: the row's chunk ends its prompt
+    host: torch.Tensor
+    event: object                           # torch.cuda.Event, None on the CPU
+    timing: StepTiming
 
 
 class Engine:
@@ -110,15 +175,20 @@ class Engine:
     `dtype` on `device` (used as they are; e.g. random weights at a scale no host model would fit). Caches are allocated for `max_batch_size`
     sequences of at most `max_seq_len` tokens (prompt + new) and up to k drafts per cycle.
     use_cuda_graphs (default: on CUDA) captures one cycle per batch size in `batch_sizes` (default
-    1, 2, 4, ... up to max_batch_size); False runs the same code eagerly (also the CPU interpreter).
+    1, 2, 4, ... up to max_batch_size) and one prefill pass per (batch size, chunk length); False runs
+    the same code eagerly (also the CPU interpreter).
+    prefill_tokens: the token budget of one prefill pass (batch rows x chunk length, padding included);
+    prefill_lengths: its chunk lengths (default 16, 32, ... up to the budget, `default_prefill_lengths`).
+    overlap: generate's default loop (True: the next step is launched before the last one is booked).
     """
 
     def __init__(self, checkpoint_or_model, max_batch_size: int, max_seq_len: int, num_speculative_tokens: int,
                  dtype: torch.dtype = torch.bfloat16, *, device=None, use_cuda_graphs: bool | None = None,
-                 batch_sizes: list[int] | None = None, prefill_chunk: int = MAX_TOKENS, uniforms: str = "device"):
+                 batch_sizes: list[int] | None = None, prefill_tokens: int = 4096,
+                 prefill_lengths: list[int] | None = None, uniforms: str = "device", overlap: bool = True):
         k = num_speculative_tokens
         for name, v, lo in (("max_batch_size", max_batch_size, 1), ("max_seq_len", max_seq_len, 2),
-                            ("num_speculative_tokens", k, 0)):
+                            ("num_speculative_tokens", k, 0), ("prefill_tokens", prefill_tokens, 1)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
         if dtype not in DTYPES:
@@ -131,9 +201,6 @@ class Engine:
             use_cuda_graphs = device.type == "cuda"
         if use_cuda_graphs and device.type != "cuda":
             raise ValueError("use_cuda_graphs=True needs a CUDA device")
-        if not isinstance(prefill_chunk, int) or not 1 <= prefill_chunk <= MAX_TOKENS:
-            raise ValueError(f"prefill_chunk must be an integer in 1..{MAX_TOKENS} (the MoE kernel's limit), "
-                             f"got {prefill_chunk!r}")
         if uniforms not in ("device", "reference"):
             raise ValueError(f"uniforms must be 'device' or 'reference', got {uniforms!r}")
         sizes = batch_sizes if batch_sizes is not None else _default_batch_sizes(max_batch_size)
@@ -141,6 +208,14 @@ class Engine:
                 or max(sizes) != max_batch_size:
             raise ValueError(f"batch_sizes must be integers in 1..max_batch_size={max_batch_size} including "
                              f"max_batch_size itself, got {batch_sizes!r}")
+        lengths = prefill_lengths if prefill_lengths is not None else default_prefill_lengths(prefill_tokens)
+        if not lengths or any(not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= prefill_tokens
+                              for t in lengths):
+            raise ValueError(f"prefill_lengths must be integers in 1..prefill_tokens={prefill_tokens}, "
+                             f"got {prefill_lengths!r}")
+        if min(lengths) * min(sizes) > prefill_tokens:
+            raise ValueError(f"prefill_tokens={prefill_tokens} is below the smallest prefill pass: batch size "
+                             f"{min(sizes)} x chunk length {min(lengths)}")
 
         W = self._weights(checkpoint_or_model, k, dtype, device)
         cfg = W.config
@@ -150,7 +225,8 @@ class Engine:
         self.config, self.k, self.dtype, self.device = cfg, k, dtype, device
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.batch_sizes = sorted(set(sizes))
-        self.use_cuda_graphs, self.prefill_chunk, self.uniforms = use_cuda_graphs, prefill_chunk, uniforms
+        self.prefill_tokens, self.prefill_lengths = prefill_tokens, sorted(set(lengths))
+        self.use_cuda_graphs, self.uniforms, self.overlap = use_cuda_graphs, uniforms, overlap
         self.W = W
 
         def cache(block):
@@ -160,8 +236,16 @@ class Engine:
         self.trunk_caches = [cache(b) for b in self.W.blocks]
         self.depth_caches = [cache(d.block) for d in self.W.depths]
         self.state = SlotState.allocate(max_batch_size, max_seq_len, k, cfg.hidden_size, dtype, device)
-        self.graphs: dict = {}                         # (B, k, mode) -> graphs.CycleGraph
+        # uniforms="reference": each slot's copy of its sequence's reference stream, long enough for
+        # x_L and max_seq_len - 1 cycles of 2k+1 draws
+        self.reference_uniforms = (torch.zeros(max_batch_size + 1, 1 + (max_seq_len - 1) * (2 * k + 1),
+                                               dtype=torch.float64, device=device)
+                                   if uniforms == "reference" else None)
+        self.graphs: dict = {}         # ("cycle", B, k, mode) / ("prefill", B, T, k, mode) -> graphs.StepGraph
         self.graph_pool = torch.cuda.graph_pool_handle() if use_cuda_graphs else None
+        self.timings: list[StepTiming] = []
+        self.request_times: list[tuple[float, float]] = []
+        self.started_s = math.nan
 
     @staticmethod
     def _weights(checkpoint_or_model, k: int, dtype: torch.dtype, device) -> weights.ModelWeights:
@@ -255,27 +339,76 @@ class Engine:
         st.n.index_put_((s,), torch.where(batch.live, n + a + 1, n))
 
     def cycle(self, batch: Batch, k: int, mode: DecodeMode) -> torch.Tensor:
-        """draft -> verify -> accept -> commit, all on the device. Returns int64 [B, k+2]: per row
-        a, the next token b, then d_1..d_k."""
-        if not mode.greedy and self.uniforms == "device":
-            s = batch.slot.long()
-            counters = self.state.counters[s]
-            philox_uniforms(self.state.seeds[s], counters, 2 * k + 1, out=batch.uniforms)
-            self.state.counters.index_put_((s,), counters)
+        """draft -> verify -> accept -> commit -> outcome, all on the device, for the rows of `batch` whose
+        slot is not done (the others run as padding). Returns int64 [B, k+7], see CycleColumns."""
+        st = self.state
+        live = batch.live & ~st.done[batch.slot.long()]
+        batch = Batch(slot=torch.where(live, batch.slot, st.scratch).int(), live=live, uniforms=batch.uniforms)
+        s, n = self._lengths(batch)
+        if not mode.greedy:
+            self._draw_uniforms(batch, k, mode, s, n)
         drafts, q = self.draft(batch, k, mode)
         hidden, k_eff = self.verify(batch, k)
         a, nxt = self.accept(batch, k, mode, drafts, q, hidden, k_eff)
         self.commit(batch, a, nxt)
-        return torch.cat([a[:, None], nxt[:, None], drafts], dim=1)
+        return self._outcome(batch, s, n, drafts, a, nxt, k_eff)
 
-    # ================================================================== prefill (eager)
+    def cycle_rows(self, rows: torch.Tensor, k: int, mode: DecodeMode) -> torch.Tensor:
+        """`cycle` of the batch whose row b runs the sequence in slot rows[b] (int32 [B]; -1: a padding row)."""
+        live = rows >= 0
+        batch = Batch(slot=torch.where(live, rows, self.state.scratch).int(), live=live,
+                      uniforms=torch.zeros(len(rows), 2 * k + 1, dtype=torch.float64, device=rows.device))
+        return self.cycle(batch, k, mode)
+
+    def _draw_uniforms(self, batch: Batch, k: int, mode: DecodeMode, s: torch.Tensor, n: torch.Tensor) -> None:
+        """batch.uniforms [B, 2k+1] = this cycle's draws (draft | accept | final); the slots' counters advance.
+        Device: 2k+1 Philox draws. Reference: the next draws of the slot's copied stream, as many as
+        the reference takes (k_eff per sampled-draft and acceptance group, then one); the columns of a
+        group beyond k_eff are never used."""
+        st = self.state
+        if self.uniforms == "device":
+            counters = st.counters[s]
+            philox_uniforms(st.seeds[s], counters, 2 * k + 1, out=batch.uniforms)
+            st.counters.index_put_((s,), counters)
+            return
+        ref = self.reference_uniforms
+        k_eff = torch.where(batch.live, (st.stop[s] - n - 1).clamp(0, k), 0)
+        start = st.counters[s]
+        j = torch.arange(k, device=s.device)
+        last = ref.shape[1] - 1
+        if mode.sampled_drafts:
+            batch.uniforms[:, :k] = ref[s[:, None], (start[:, None] + j).clamp(max=last)]
+            start = start + k_eff
+        batch.uniforms[:, k:2 * k] = ref[s[:, None], (start[:, None] + j).clamp(max=last)]
+        batch.uniforms[:, 2 * k] = ref[s, (start + k_eff).clamp(max=last)]
+        st.counters.index_put_((s,), start + k_eff + 1)
+
+    def _outcome(self, batch: Batch, s: torch.Tensor, n: torch.Tensor, drafts: torch.Tensor, a: torch.Tensor,
+                 nxt: torch.Tensor, k_eff: torch.Tensor) -> torch.Tensor:
+        """The emitted tokens d_1..d_a, b cut after the first EOS, and done = EOS emitted or n = stop
+        (written to the slot); the cycle's result rows (CycleColumns)."""
+        st = self.state
+        k = drafts.shape[1]
+        j = torch.arange(k + 1, device=s.device)
+        emitted = torch.where(j < a[:, None], torch.cat([drafts, nxt[:, None]], dim=1), nxt[:, None])
+        at_eos = (emitted == st.eos[s][:, None]) & (j <= a[:, None])
+        hit = at_eos.any(dim=1)
+        count = torch.where(hit, at_eos.int().argmax(dim=1) + 1, a + 1)
+        done = batch.live & (hit | (n + a + 1 >= st.stop[s]))
+        st.done.index_put_((s,), done)
+        status = torch.stack([k_eff, count, hit.long(), done.long(), batch.live.long()], dim=1)
+        return torch.cat([a[:, None], nxt[:, None], drafts, status], dim=1)
+
+    # ================================================================== prefill
     @torch.no_grad()
     def prefill(self, slot: int, prompt: list[int], k: int, stop: int, mode: DecodeMode,
                 first_uniform: float | None = None) -> int:
-        """Start the sequence `prompt` (x_0..x_{L-1}) in `slot`: the trunk over the prompt in chunks,
-        x_L picked from its last logits, the hidden ring filled with H_{L-1-k..L-1}, and every depth over
-        the prompt rows 0..L-2-k (teacher-forced), so that the first cycle's window [L-1-k, L-1] continues
-        them. Returns x_L (one host sync). `first_uniform`: x_L's uniform (reference uniforms only)."""
+        """Start the sequence `prompt` (x_0..x_{L-1}) in `slot`, one sequence eagerly (the reference path of
+        the batched passes): the trunk over the prompt in chunks of prefill_tokens, x_L picked from its
+        last logits, the hidden ring filled with H_{L-1-k..L-1}, and every depth over the prompt rows
+        0..L-2-k (teacher-forced), so that the first cycle's window [L-1-k, L-1] continues them. Returns
+        x_L (one host sync). `first_uniform`: x_L's uniform (reference uniforms only; with device
+        uniforms the slot's seed and counter are used). No EOS is set for the slot."""
         st, L = self.state, len(prompt)
         if not 0 <= slot < self.max_batch_size:
             raise ValueError(f"slot={slot} is outside 0..max_batch_size-1={self.max_batch_size - 1}")
@@ -286,8 +419,9 @@ class Engine:
         st.tokens[slot, :L] = torch.tensor(prompt, dtype=torch.int64)
         slot_t = torch.tensor([slot], dtype=torch.int32, device=self.device)
         depth_rows = L - 1 - k                                                   # depth rows 0..L-2-k
-        for c0 in range(0, L, self.prefill_chunk):
-            c1 = min(L, c0 + self.prefill_chunk)
+        chunk = self.prefill_tokens
+        for c0 in range(0, L, chunk):
+            c1 = min(L, c0 + chunk)
             pos = torch.arange(c0, c1, dtype=torch.int32, device=self.device)[None]
             hidden = forward.trunk_forward(self.W, self.trunk_caches, st.tokens[slot, c0:c1][None], slot_t, pos,
                                            prefill=True)
@@ -313,9 +447,99 @@ class Engine:
         st.tokens[slot, L] = first[0]
         st.n[slot] = L + 1
         st.stop[slot] = stop
+        st.eos[slot] = -1
+        st.done[slot] = L + 1 >= stop
         return int(first[0])
 
-    # ================================================================== host loop
+    def prefill_rows(self, rows: torch.Tensor, T: int, k: int, mode: DecodeMode) -> torch.Tensor:
+        """One batched prefill pass, on the device (no host sync: captured per (B, T, k, mode)).
+
+        rows: int64 [B, 8 + T + k]. Row b: the columns PASS_META (slot: SlotState.scratch for a padding
+        row; start c0, length l >= 1 (0: padding) of its chunk; prompt length L; stop; eos (-1: none);
+        seed; last: 1 if c0 + l = L), then the prompt tokens at positions c0 .. c0+T+k-1 (those < L).
+        The chunk sits at positions c0 .. c0+l-1 (row positions pos, -1 beyond l). Every sequence is in
+        one row at most, and its earlier chunks were prefilled by earlier passes:
+
+            tokens[slot, c0 .. min(L, c0+l+k) - 1] = the row's tokens (the depth rows read k ahead)
+            H = trunk(chunk)                                         trunk caches at pos
+            hidden[slot, p % (2k+2)] = H_p          for p >= L-1-k   the first window's hiddens
+            depth m over rows p <= L-2-k (tokens x_{p+m+1}, inputs H / depth m-1)   depth caches
+            last chunk:  x_L = pick(H_{L-1}); tokens[slot, L] = x_L; n = L+1; stop, eos, seed,
+                         counter (1 after a sampled x_L, else 0) and done = (x_L == eos or L+1 >= stop)
+
+        Returns int64 [B, 2]: x_L and done per row (meaningful for last chunks only)."""
+        st, dev = self.state, rows.device
+        B, scratch = rows.shape[0], st.scratch
+        slot, c0, length, L, stop, eos, seed, last = rows[:, :META].unbind(1)
+        ids = rows[:, META:]                                                     # [B, T + k]
+        t = torch.arange(T + k, device=dev)
+        p = c0[:, None] + t
+        put = (t < length[:, None] + k) & (p < L[:, None])
+        st.tokens.index_put_((torch.where(put, slot[:, None], scratch), torch.where(put, p, 0)), ids)
+        pos = torch.where(t[:T] < length[:, None], p[:, :T], -1).int()
+        slot32 = slot.int()
+        hidden = forward.trunk_forward(self.W, self.trunk_caches, ids[:, :T].contiguous(), slot32, pos, prefill=True)
+        window = (pos >= 0) & (pos >= (L - 1 - k)[:, None])
+        st.hidden.index_put_((torch.where(window, slot[:, None], scratch), pos.clamp(min=0) % self.hidden_rows),
+                             hidden)
+        d_pos = torch.where(pos < (L - 1 - k)[:, None], pos, -1)                # depth rows p <= L-2-k
+        h, width = hidden, st.tokens.shape[1]
+        for m in range(k):
+            tok = st.tokens[slot[:, None], (p[:, :T] + m + 1).clamp(max=width - 1)]   # x_{p+m+1}
+            h = forward.depth_forward(self.W, m, self.depth_caches[m], h, tok, slot32, d_pos, prefill=True)
+        h_last = hidden[torch.arange(B, device=dev), (length - 1).clamp(min=0)]  # H_{c0+l-1}
+        counter = torch.zeros(B, dtype=torch.int64, device=dev)
+        if mode.greedy:
+            first = forward.greedy_tokens(self.W, h_last)
+        else:
+            if self.uniforms == "device":
+                u = philox_uniforms(seed, counter, 1)[:, 0]                     # counter -> 1
+            else:
+                u = self.reference_uniforms[slot, 0]
+                counter += 1
+            first = sample_tokens(sampling_probs(forward.logits(self.W, h_last), mode.params), u)
+        s = torch.where(last.bool(), slot, scratch)
+        st.tokens.index_put_((s, L), first)
+        done = (first == eos) | (L + 1 >= stop)
+        for dst, value in ((st.n, L + 1), (st.stop, stop), (st.eos, eos), (st.seeds, seed), (st.counters, counter),
+                           (st.done, done)):
+            dst.index_put_((s,), value)
+        return torch.stack([first, done.long()], dim=1)
+
+    @torch.no_grad()
+    def prefill_batch(self, slots: list[int], prompts: list[list[int]], k: int, stops: list[int],
+                      mode: DecodeMode = DecodeMode(), seeds: list[int] | None = None,
+                      eos_token_id: int | None = None) -> list[int]:
+        """Start the sequences `prompts` in `slots` with the batched prefill passes of `generate` (graph
+        replays, or eager) and return their x_L (one host sync per pass, at the end). stops[i] = prompt
+        length + max_new_tokens of sequence i; seeds: the per-sequence seeds of sampled x_L (device
+        uniforms: the Philox seed; reference uniforms: the reference generator's seed). The passes' host
+        timings are left in `self.timings`."""
+        if len(slots) != len(prompts) or len(stops) != len(prompts) or (seeds is not None and len(seeds) != len(prompts)):
+            raise ValueError(f"slots, prompts, stops (and seeds) must have one entry per sequence, got "
+                             f"{len(slots)}, {len(prompts)}, {len(stops)}")
+        if any(not 0 <= s < self.max_batch_size for s in slots) or len(set(slots)) != len(slots):
+            raise ValueError(f"slots {slots} must be distinct and in 0..{self.max_batch_size - 1}")
+        if k > self.k:
+            raise ValueError(f"k={k} drafts need {k} MTP depths; the engine has {self.k} loaded")
+        for i, (p, stop) in enumerate(zip(prompts, stops)):
+            if not 1 <= len(p) <= stop - 1 or stop > self.max_seq_len:
+                raise ValueError(f"prompt {i}: {len(p)} tokens with stop={stop} do not fit max_seq_len="
+                                 f"{self.max_seq_len}")
+        seqs = [self._sequence(i, p, stops[i] - len(p), k, mode, seeds[i] if seeds is not None else 0, eos_token_id)
+                for i, p in enumerate(prompts)]
+        for seq, slot in zip(seqs, slots):
+            self._admit(seq, slot)
+        pending, steps = list(seqs), []
+        while pending:
+            steps.append(self._launch_prefill(pending, k, mode))
+            pending = [s for s in pending if s.prefilled < len(s.prompt)]
+        for step in steps:
+            self._book(step, k)
+        self.timings = [step.timing for step in steps]
+        return [s.out[0] for s in seqs]
+
+    # ================================================================== batches, graphs, copies
     def batch_size_for(self, num_sequences: int) -> int:
         """The smallest captured batch size that holds `num_sequences`."""
         if not 1 <= num_sequences <= self.max_batch_size:
@@ -331,7 +555,8 @@ class Engine:
 
     def make_batch(self, slots: list[int], k: int, uniforms: torch.Tensor | None = None) -> Batch:
         """The batch of the sequences in `slots`, padded to the next captured size (host -> device
-        copies: outside a cycle). uniforms: [len(slots), 2k+1] (uniforms="reference" only)."""
+        copies: outside a cycle). uniforms: [len(slots), 2k+1], used as they are by `draft` and
+        `accept` (`cycle` draws its own)."""
         B = self.batch_size_for(len(slots))
         if any(not 0 <= s < self.max_batch_size for s in slots) or len(set(slots)) != len(slots):
             raise ValueError(f"slots {slots} must be distinct and in 0..{self.max_batch_size - 1}")
@@ -343,25 +568,88 @@ class Engine:
             batch.uniforms[:A] = uniforms
         return batch
 
-    @torch.no_grad()
-    def run_cycle(self, slots: list[int], k: int, mode: DecodeMode, uniforms: torch.Tensor | None = None) -> list:
-        """One cycle for the sequences in `slots` (graph replay, or eager); returns per sequence
-        [a, b, d_1..d_k] (the one host sync of the cycle)."""
-        batch = self.make_batch(slots, k, uniforms)
-        if self.use_cuda_graphs:
-            from .graphs import CycleGraph
-            key = (len(batch.slot), k, mode)
-            if key not in self.graphs:
-                self.graphs[key] = CycleGraph(self, len(batch.slot), k, mode)
-            out = self.graphs[key].run(batch)
-        else:
-            out = self.cycle(batch, k, mode)
-        return out[: len(slots)].tolist()
+    def _upload(self, host: torch.Tensor, dst: torch.Tensor | None = None) -> torch.Tensor:
+        """host -> device without a host sync (through pinned memory on CUDA), into `dst` when given."""
+        if self.device.type == "cuda":
+            host = host.pin_memory()                  # the caching host allocator keeps it until the copy ran
+            if dst is None:
+                return host.to(self.device, non_blocking=True)
+        elif dst is None:
+            return host
+        return dst.copy_(host, non_blocking=True)
 
-    def validate(self, prompts: list[list[int]], max_new_tokens: int, k: int, draft_sampling: str,
+    def _fetch(self, out: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """The one device -> host copy of a step: into pinned memory, asynchronously, with an event to wait on."""
+        if self.device.type != "cuda":
+            return out.clone(), None
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
+
+    def _run_step(self, key: tuple, fn, padding_input, host_input: torch.Tensor) -> torch.Tensor:
+        """fn(device input) as a graph replay (captured on first use) or eagerly."""
+        if not self.use_cuda_graphs:
+            return fn(self._upload(host_input))
+        if key not in self.graphs:
+            self.graphs[key] = StepGraph(self.graph_pool, fn, padding_input())
+        return self.graphs[key].run(host_input, self._upload)
+
+    def _launch_cycle(self, slots: list[int], k: int, mode: DecodeMode) -> tuple[torch.Tensor, object]:
+        """Launch one cycle of the sequences in `slots`; returns its result array on its way to the host."""
+        B = self.batch_size_for(len(slots))
+        rows = torch.tensor(slots + [-1] * (B - len(slots)), dtype=torch.int32)
+        out = self._run_step(("cycle", B, k, mode), lambda r: self.cycle_rows(r, k, mode),
+                             lambda: torch.full((B,), -1, dtype=torch.int32, device=self.device), rows)
+        return self._fetch(out)
+
+    @torch.no_grad()
+    def run_cycle(self, slots: list[int], k: int, mode: DecodeMode) -> list[list[int]]:
+        """One cycle for the sequences in `slots` (graph replay, or eager); waits for it and returns per
+        sequence its result row (CycleColumns: a, b, d_1..d_k, k_eff, emitted, eos, done, live)."""
+        if any(not 0 <= s < self.max_batch_size for s in slots) or len(set(slots)) != len(slots):
+            raise ValueError(f"slots {slots} must be distinct and in 0..{self.max_batch_size - 1}")
+        host, event = self._launch_cycle(list(slots), k, mode)
+        if event is not None:
+            event.synchronize()
+        return host[: len(slots)].tolist()
+
+    def _launch_prefill(self, pending: list[_Sequence], k: int, mode: DecodeMode) -> _Step:
+        """Launch the next prefill pass over the pending sequences (prefill_plan.py), advancing their
+        `prefilled`."""
+        t0 = time.perf_counter()
+        n_rows, T, B = plan_prefill_pass([len(s.prompt) - s.prefilled for s in pending], self.prefill_lengths,
+                                         self.batch_sizes, self.prefill_tokens)
+        seqs, last = pending[:n_rows], []
+        rows = torch.zeros(B, META + T + k, dtype=torch.int64)
+        rows[:, 0] = self.state.scratch
+        for b, seq in enumerate(seqs):
+            L, c0 = len(seq.prompt), seq.prefilled
+            c1 = min(L, c0 + T)
+            rows[b, :META] = torch.tensor([seq.slot, c0, c1 - c0, L, seq.stop, seq.eos, seq.seed, int(c1 == L)])
+            ids = seq.prompt[c0: c0 + T + k]
+            rows[b, META: META + len(ids)] = ids
+            seq.prefilled = c1
+            last.append(c1 == L)
+
+        def padding() -> torch.Tensor:
+            pad = torch.zeros(B, META + T + k, dtype=torch.int64, device=self.device)
+            pad[:, 0] = self.state.scratch
+            return pad
+
+        out = self._run_step(("prefill", B, T, k, mode), lambda r: self.prefill_rows(r, T, k, mode), padding, rows)
+        host, event = self._fetch(out)
+        tokens = int(rows[:, 2].sum())
+        timing = StepTiming("prefill", (B, T), len(seqs), tokens, t0, host_s=time.perf_counter() - t0)
+        return _Step("prefill", seqs, last, host, event, timing)
+
+    # ================================================================== host loop
+    def validate(self, prompts: list[list[int]], max_new_tokens: int | list[int], k: int, draft_sampling: str,
                  seed: int | None = None, eos_token_id: int | None = None) -> None:
         """inkling_ref's checks of a request, under this engine's limits: its loaded depths and the
-        max_seq_len its caches are allocated for, besides the model's maximum length."""
+        max_seq_len its caches are allocated for, besides the model's maximum length. max_new_tokens:
+        one limit for every prompt, or one per prompt."""
         cfg = self.config
         limits = Limits(cfg.vocab_out, ((cfg.max_position_embeddings, "the model's maximum length {n}"),
                                         (self.max_seq_len, "the engine's max_seq_len={n} (its caches are "
@@ -371,80 +659,118 @@ class Engine:
         validate(limits, prompts, max_new_tokens, k, draft_sampling, seed, eos_token_id)
 
     @torch.no_grad()
-    def generate(self, prompt_ids, max_new_tokens: int, num_speculative_tokens: int | None = None,
+    def generate(self, prompt_ids, max_new_tokens: int | list[int], num_speculative_tokens: int | None = None,
                  temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                  draft_sampling: str = "greedy", seed: int | None = None,
-                 eos_token_id: int | None = None) -> GenerationResult:
+                 eos_token_id: int | None = None, overlap: bool | None = None) -> GenerationResult:
         """As `inkling_ref.generate` (same arguments without the model, same result). k defaults to the
-        engine's num_speculative_tokens and may be smaller. Prompts beyond max_batch_size wait for a
-        free slot (a finished sequence's slot is refilled before the next cycle)."""
+        engine's num_speculative_tokens and may be smaller; max_new_tokens may also be a list, one limit
+        per prompt. Prompts beyond max_batch_size wait for a free slot. overlap: the loop (None: the
+        engine's default; see the module docstring). Host timings are left in `self.timings` (per
+        step) and `self.request_times` (per prompt: when its first token and its last were booked),
+        time.perf_counter seconds from `self.started_s`."""
         prompts = normalize_prompts(prompt_ids)
         k = self.k if num_speculative_tokens is None else num_speculative_tokens
         mode = DecodeMode(SamplingParams(temperature, top_k, top_p), draft_sampling)
-        self.validate(prompts, max_new_tokens, k, draft_sampling)
-        t0 = time.perf_counter()
-        waiting = deque(range(len(prompts)))
+        self.validate(prompts, max_new_tokens, k, draft_sampling, seed, eos_token_id)
+        overlap = self.overlap if overlap is None else overlap
+        limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+        t0 = self.started_s = time.perf_counter()
+        seqs = [self._sequence(i, p, limits[i], k, mode,
+                               secrets.randbits(62) if seed is None else sequence_seed(seed, i), eos_token_id)
+                for i, p in enumerate(prompts)]
+        self.timings = []
+        waiting = deque(seqs)
         free = list(range(self.max_batch_size - 1, -1, -1))
-        running: dict[int, _Sequence] = {}
-        finished: dict[int, _Sequence] = {}
-
-        def finish_if_done(seq: _Sequence) -> None:
-            if len(seq.out) >= max_new_tokens or (eos_token_id is not None and seq.out[-1] == eos_token_id):
-                finished[seq.index] = running.pop(seq.slot)
-                free.append(seq.slot)
-
-        while waiting or running:
-            while waiting and free:                                  # refill free slots
-                i = waiting.popleft()
-                seq = self._start(i, prompts[i], free.pop(), k, mode, max_new_tokens, seed)
-                running[seq.slot] = seq
-                finish_if_done(seq)
-            if not running:
-                continue
-            seqs = sorted(running.values(), key=lambda s: s.slot)
-            rows = self.run_cycle([s.slot for s in seqs], k, mode, self._host_uniforms(seqs, k, mode))
-            for seq, row in zip(seqs, rows):
-                self._record(seq, row, k, eos_token_id)
-                finish_if_done(seq)
+        pending: list[_Sequence] = []            # admitted; prompt chunks still to launch
+        decoding: dict[int, _Sequence] = {}      # slot -> sequence: prompt launched, not known to be finished
+        inflight: deque[_Step] = deque()
+        after_pass = False
+        while waiting or pending or decoding or inflight:
+            while waiting and free:
+                seq = waiting.popleft()
+                self._admit(seq, free.pop())
+                pending.append(seq)
+            step = None
+            if pending and not (decoding and after_pass):      # running sequences wait one pass at most
+                step = self._launch_prefill(pending, k, mode)
+                for seq, last in zip(step.seqs, step.last):
+                    if last and seq.stop > len(seq.prompt) + 1:      # max_new_tokens = 1: x_L is all
+                        decoding[seq.slot] = seq
+                pending = [s for s in pending if s.prefilled < len(s.prompt)]
+                after_pass = True
+            elif decoding:
+                t_launch = time.perf_counter()
+                rows = list(decoding.values())
+                host, event = self._launch_cycle([s.slot for s in rows], k, mode)
+                step = _Step("cycle", rows, [], host, event, StepTiming("cycle", (len(host),), 0, 0, t_launch,
+                                                                        host_s=time.perf_counter() - t_launch))
+                after_pass = False
+            if step is not None:
+                inflight.append(step)
+                self.timings.append(step.timing)
+            while inflight and (step is None or len(inflight) > int(overlap)):
+                for seq in self._book(inflight.popleft(), k):
+                    decoding.pop(seq.slot, None)
+                    free.append(seq.slot)
         elapsed = time.perf_counter() - t0
-        done = [finished[i] for i in range(len(prompts))]
-        stats = AcceptanceStats.from_cycles(k, [c for s in done for c in s.cycles])
-        return GenerationResult(token_ids=[s.out for s in done], cycles=[s.cycles for s in done], stats=stats,
+        self.request_times = [(s.first_s, s.done_s) for s in seqs]
+        stats = AcceptanceStats.from_cycles(k, [c for s in seqs for c in s.cycles])
+        return GenerationResult(token_ids=[s.out for s in seqs], cycles=[s.cycles for s in seqs], stats=stats,
                                 elapsed_s=elapsed)
 
-    def _start(self, i: int, prompt: list[int], slot: int, k: int, mode: DecodeMode, max_new_tokens: int,
-               seed: int | None) -> _Sequence:
-        seq_seed = secrets.randbits(62) if seed is None else sequence_seed(seed, i)
-        seq = _Sequence(index=i, prompt=prompt, slot=slot, stop=len(prompt) + max_new_tokens,
-                        uniforms=Uniforms(seq_seed) if self.uniforms == "reference" else None)
-        self.state.seeds[slot] = seq_seed
-        self.state.counters[slot] = 0
-        u = seq.uniforms(1)[0] if seq.uniforms is not None and not mode.greedy else None
-        seq.out.append(self.prefill(slot, prompt, k, seq.stop, mode, u))
-        seq.n = len(prompt) + 1
-        return seq
+    def _sequence(self, i: int, prompt: list[int], max_new_tokens: int, k: int, mode: DecodeMode, seed: int,
+                  eos_token_id: int | None) -> _Sequence:
+        reference = self.uniforms == "reference" and not mode.greedy
+        return _Sequence(index=i, prompt=torch.tensor(prompt, dtype=torch.int64), stop=len(prompt) + max_new_tokens,
+                         seed=seed, eos=-1 if eos_token_id is None else eos_token_id,
+                         uniforms=Uniforms(seed) if reference else None, draws=1 + (max_new_tokens - 1) * (2 * k + 1))
 
-    def _host_uniforms(self, seqs: list[_Sequence], k: int, mode: DecodeMode) -> torch.Tensor | None:
-        """uniforms="reference": each sequence's next draws, in the reference's order and counts
-        (k_eff sampled drafts, k_eff acceptance tests, one final), laid out as [draft | accept | final]."""
-        if mode.greedy or self.uniforms != "reference":
-            return None
-        u = torch.zeros(len(seqs), 2 * k + 1, dtype=torch.float64)
-        for b, seq in enumerate(seqs):
-            ke = min(k, seq.stop - seq.n - 1)
-            if mode.sampled_drafts:
-                u[b, :ke] = torch.tensor(seq.uniforms(ke), dtype=torch.float64)
-            u[b, k: k + ke] = torch.tensor(seq.uniforms(ke), dtype=torch.float64)
-            u[b, 2 * k] = seq.uniforms(1)[0]
-        return u
+    def _admit(self, seq: _Sequence, slot: int) -> None:
+        """Give `seq` its slot; with reference uniforms, copy the sequence's whole stream (x_L, then at most
+        max_new_tokens - 1 cycles of 2k+1 draws) to the slot (ordered before the slot's next step)."""
+        seq.slot = slot
+        if seq.uniforms is not None:
+            u = torch.rand(seq.draws, generator=seq.uniforms.g, dtype=torch.float64)
+            self._upload(u, self.reference_uniforms[slot, : seq.draws])
+
+    def _book(self, step: _Step, k: int) -> list[_Sequence]:
+        """Wait for a step's result array and book it; returns the sequences that finished with it."""
+        if step.event is not None:
+            step.event.synchronize()
+        t = step.timing
+        t.ready_s = time.perf_counter()
+        rows = step.host.tolist()
+        finished = []
+        if step.kind == "prefill":
+            for seq, row, last in zip(step.seqs, rows, step.last):
+                if last:
+                    seq.out.append(row[0])
+                    seq.first_s = t.ready_s
+                    if row[1]:
+                        finished.append(seq)
+        else:
+            c = CycleColumns(k)
+            for seq, row in zip(step.seqs, rows):
+                if row[c.live]:                       # else: finished in an earlier cycle, a padding row here
+                    self._record(seq, row, k)
+                    t.rows += 1
+                    t.tokens += row[c.emitted]
+                    if row[c.done]:
+                        finished.append(seq)
+        for seq in finished:
+            seq.done_s = t.ready_s
+        t.host_s += time.perf_counter() - t.ready_s
+        return finished
 
     @staticmethod
-    def _record(seq: _Sequence, row: list[int], k: int, eos_token_id: int | None) -> None:
-        """The CycleRecord of one sequence's cycle, as inkling_ref.generate writes it."""
-        k_eff = min(k, seq.stop - seq.n - 1)
-        record = CycleRecord.of_cycle(k, row[2: 2 + k_eff], row[0], row[1], eos_token_id)
+    def _record(seq: _Sequence, row: list[int], k: int) -> None:
+        """Book one sequence's cycle from its result row (CycleColumns): the emitted tokens and the
+        CycleRecord, built as inkling_ref.generate builds it."""
+        c = CycleColumns(k)
+        record = CycleRecord.of_cycle(k, row[c.drafts: c.drafts + row[c.k_eff]], row[c.a], row[c.b],
+                                      None if seq.eos < 0 else seq.eos)
         seq.out += record.emitted
-        seq.n += record.accepted + 1
         seq.cycles.append(record)
 
 

@@ -1,44 +1,54 @@
-"""One speculative cycle captured as a CUDA graph, per (batch size, k, decode mode).
+"""Engine steps captured as CUDA graphs: one per cycle shape (batch size, k, decode mode) and one per
+prefill-pass shape (batch size, chunk length T, k, decode mode).
 
-The cycle (Engine.cycle: draft, verify, accept, commit) is a fixed sequence of kernel launches
-whose shapes depend only on the batch size B and k; every data-dependent value (slots, lengths,
-positions, tokens, uniforms) lives on the device. So it is captured once and replayed:
+A step is a fixed sequence of kernel launches whose shapes depend only on its key; every
+data-dependent value (slots, lengths, positions, tokens) is either device state or in one static
+input tensor. So it is captured once and replayed:
 
-    static inputs   batch.slot [B], batch.live [B], batch.uniforms [B, 2k+1]   (copied in before replay)
-    replay          every kernel of the cycle; the device state (caches, tokens, n) is updated in place
-    static output   [B, k+2]: a, b, d_1..d_k per row                           (copied out after replay)
+    static input    cycle: int32 [B], the slot of each batch row (-1: padding row)
+                    prefill pass: int64 [B, 8 + T + k], the pass's rows (Engine.prefill_rows)
+    replay          every kernel of the step; the device state (caches, tokens, n, done) is updated in place
+    static output   cycle: int64 [B, k+7] (Engine.cycle); prefill pass: int64 [B, 2] (x_L, done)
 
-Capture needs the kernels compiled and autotuned first (autotuning synchronizes): the cycle is run
+The host copies a step's input in (asynchronously, from pinned memory) before the replay and its output
+out (one asynchronous copy into pinned memory) right after it, on the same stream, so the next replay
+may overwrite the output at once.
+
+Capture needs the kernels compiled and autotuned first (autotuning synchronizes): the step is run
 twice on a side stream with every row padding, which writes nothing but the scratch slot, so
 capturing is safe at any time, also while other sequences are running. All graphs of an engine
-share one memory pool: they never run concurrently.
+share one memory pool: they run one after the other on one stream, never concurrently.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
-class CycleGraph:
-    def __init__(self, engine, batch_size: int, k: int, mode):
-        self.batch = engine.padding_batch(batch_size, k)       # the static inputs
+class StepGraph:
+    def __init__(self, pool, step: Callable[[torch.Tensor], torch.Tensor], padding_input: torch.Tensor):
+        """step(input) -> output, run on the all-padding `padding_input` (kept as the static input)."""
+        self.input = padding_input
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):                                  # compile + autotune, then a clean run
-                engine.cycle(self.batch, k, mode)
+                step(self.input)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=engine.graph_pool):
-            self.out = engine.cycle(self.batch, k, mode)
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = step(self.input)
         self.replays = 0
+        self.uploaded: torch.Tensor | None = None               # the host tensor last copied into `input`
 
-    def run(self, batch) -> torch.Tensor:
-        """Copy `batch` (same shapes) into the static inputs, replay, return the static output."""
-        self.batch.slot.copy_(batch.slot)
-        self.batch.live.copy_(batch.live)
-        self.batch.uniforms.copy_(batch.uniforms)
+    def run(self, host_input: torch.Tensor, upload: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+        """upload(host_input, self.input) unless the same values are already there, replay, and return
+        the static output (valid until the next replay of any graph of the engine)."""
+        if self.uploaded is None or not torch.equal(self.uploaded, host_input):
+            upload(host_input, self.input)
+            self.uploaded = host_input
         self.graph.replay()
         self.replays += 1
         return self.out
-

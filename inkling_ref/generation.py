@@ -171,11 +171,13 @@ class Limits:
         return cls.of_config(model.config, model.num_mtp_depths)
 
 
-def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int, k: int, draft_sampling: str = "greedy",
-             seed: int | None = None, eos_token_id: int | None = None, flags: dict[str, str] | None = None) -> None:
+def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int | list[int], k: int,
+             draft_sampling: str = "greedy", seed: int | None = None, eos_token_id: int | None = None,
+             flags: dict[str, str] | None = None) -> None:
     """Refuse a request that `limits` cannot run, with a message naming the argument and what is valid.
 
-    prompts: as `normalize_prompts` returns them. flags: how the caller's user spells the arguments
+    prompts: as `normalize_prompts` returns them. max_new_tokens: one limit, or one per prompt (the
+    fast engine accepts a list). flags: how the caller's user spells the arguments
     (the command line passes {"max_new_tokens": "--max-new-tokens", "prompt_ids": "the prompt", ...});
     by default they are named as `generate`'s keyword arguments."""
     flags = flags or {}
@@ -186,10 +188,16 @@ def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int, k: i
     def named(name):
         return flags.get(name, name)
 
-    if not is_int(max_new_tokens):
-        raise ValueError(f"{named('max_new_tokens')} must be an integer, got {_describe(max_new_tokens)}")
-    if max_new_tokens < 1:
-        raise ValueError(f"{named('max_new_tokens')} must be >= 1, got {max_new_tokens}")
+    per_prompt = isinstance(max_new_tokens, (list, tuple))
+    news = list(max_new_tokens) if per_prompt else [max_new_tokens] * len(prompts)
+    if len(news) != len(prompts):
+        raise ValueError(f"{named('max_new_tokens')}: {len(news)} limits for {len(prompts)} prompts (give one "
+                         "limit, or one per prompt)")
+    for n in news:
+        if not is_int(n):
+            raise ValueError(f"{named('max_new_tokens')} must be an integer, got {_describe(n)}")
+        if n < 1:
+            raise ValueError(f"{named('max_new_tokens')} must be >= 1, got {n}")
     if not is_int(k):
         raise ValueError(f"{named('num_speculative_tokens')} must be an integer, got {_describe(k)}")
     if k < 0:
@@ -204,7 +212,7 @@ def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int, k: i
     if eos_token_id is not None and (not is_int(eos_token_id) or not 0 <= eos_token_id < limits.vocab):
         raise ValueError(f"eos_token_id must be a token id in 0..{limits.vocab - 1} or None, got "
                          f"{_describe(eos_token_id)}")
-    for i, p in enumerate(prompts):
+    for i, (p, max_new_tokens) in enumerate(zip(prompts, news)):
         name = flags.get("prompt_ids", f"prompt {i}")
         if len(p) == 0:
             raise ValueError(f"{name} is empty: at least one token is needed")

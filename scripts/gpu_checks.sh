@@ -33,10 +33,10 @@ run fast3     2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_lm_hea
 run fast1     2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_embed_norm.py \
                  tests/fast/test_mtp_input.py tests/fast/test_rms_norm.py tests/fast/test_swiglu.py \
                  tests/fast/test_short_conv.py
-ENGINE_LONG="bf16_equals or host_sync or device_uniforms"
+ENGINE_LONG="bf16_equals or host_sync or device_uniforms or result_copies"
 run engine    2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "not ($ENGINE_LONG)"
 run engine_bf16   2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "bf16_equals"
-run engine_graphs 2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "host_sync or device_uniforms"
+run engine_graphs 2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "host_sync or device_uniforms or result_copies"
 run cli       2  python3 -m pytest -q -p no:cacheprovider tests/test_cli.py
 run reference 4  python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/fast --ignore=tests/test_cli.py
 run sanitizer 1  compute-sanitizer --tool memcheck python3 scripts/sanitize_engine.py

@@ -3,22 +3,33 @@
 On every machine (CPU: the Triton interpreter, eager; GPU: compiled, replayed from CUDA graphs), tiny
 random models whose drafts are accepted in a fair share of cycles:
   * greedy `generate` == inkling_ref.generate: token ids, every CycleRecord and the statistics, for
-    k = 0..4 at batch 1, and for a ragged batch (EOS, slot refill, padded rows); every ring wraps
+    k = 0..4 at batch 1, and for a ragged batch (EOS inside a cycle, max-token stops, slot refill,
+    padded rows, prompts split over several prefill passes) with the overlapped and the synchronous
+    host loop; every ring wraps
+  * batched prefill passes leave every cache (trunk and depth KV and conv rings, hidden ring, token
+    buffer, slot state) as the per-sequence prefill and the reference leave them: ragged prompts of
+    1..13 tokens (longer than the sliding window, split over passes, padded), and a sequence
+    prefilled after others ran a cycle; the pass planner against a brute-force search
   * after scripted cycles (accept counts 0..k; the token committed after a rejection never equals the
     rejected draft) the caches read back from the rings equal the reference's: trunk rows == a fresh
     prefill, depth rows == the teacher-forced chained fold, hidden ring == the trunk's hiddens
-  * sampling fed the reference's uniforms == inkling_ref.generate (greedy and sampled drafts)
+  * sampling fed the reference's uniforms == inkling_ref.generate (greedy and sampled drafts), with
+    both loops; sampling with device uniforms: the overlapped loop == the synchronous one
   * errors name the problem
 Caches, hidden ring and token buffer are poisoned (NaN, id -7) before each run: a read of a row that
 was never written turns into a wrong token or a failed comparison.
 
-GPU only (@pytest.mark.gpu): the demo checkpoint at fp32 (k = 0..8, batch 1 and a ragged 8, cache
-invariants), bf16 against its own plain decoding and the fp32 acceptance length, the cycle under
-sync-debug "error" and as graph replays, the sampled distribution with device (Philox) uniforms.
+GPU only (@pytest.mark.gpu): the demo checkpoint at fp32 (k = 0..8, batch 1 and a ragged 8, both
+loops, cache invariants, batched prefill caches), a random 8-depth model with refills, EOS and split
+prompts (both loops), bf16 against its own plain decoding and the fp32 acceptance length, the cycle
+and a prefill pass under sync-debug "error" and as graph replays, the overlapped steady state with
+no host synchronization but the one result copy per step, the sampled distribution with device
+(Philox) uniforms.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 
@@ -29,8 +40,10 @@ import inkling_ref
 from inkling_fast import Engine, weights
 from inkling_fast.caches import FIELDS
 from inkling_fast.engine import DecodeMode
+from inkling_fast.prefill_plan import default_prefill_lengths, plan_prefill_pass
 from inkling_ref import InklingConfig, generate, load_checkpoint, random_model, save_checkpoint
 from inkling_ref import speculative as S
+from inkling_ref.generation import AcceptanceStats, Uniforms, sequence_seed
 from inkling_ref.cache import TrunkCache
 from inkling_ref.sampling import SamplingParams, probs
 from inkling_ref.testing import assert_close, cache_rows
@@ -103,6 +116,21 @@ def assert_same_result(got, want) -> None:
     assert repr(got.stats) == repr(want.stats)  # (NaN == NaN for empty statistics)
 
 
+def eos_cuts(result, eos: int) -> bool:
+    """Some cycle's emitted tokens were cut at the EOS before its correction/bonus token."""
+    return any(c.emitted[-1] == eos and len(c.emitted) < c.accepted + 1 for seq in result.cycles for c in seq)
+
+
+def eos_inside_a_cycle(model, prompts: list[list[int]], N: int, k: int, ragged: bool = False) -> int:
+    """The lowest token id that, as eos_token_id, makes the reference stop some sequence inside a
+    cycle (among its accepted drafts); ragged: while another still runs to N tokens."""
+    for eos in range(model.config.vocab_out):
+        r = generate(model, prompts, max_new_tokens=N, num_speculative_tokens=k, eos_token_id=eos)
+        if eos_cuts(r, eos) and (not ragged or max(map(len, r.token_ids)) == N):
+            return eos
+    raise AssertionError("no token id stops a sequence inside a cycle: pick other prompts")
+
+
 def assert_accepts_and_rejects(result) -> None:
     """The run exercised both outcomes: some cycle accepted a draft, some rejected the first."""
     accepted = {c.accepted for seq in result.cycles for c in seq if c.k > 0}
@@ -157,23 +185,28 @@ def test_engine_from_kernel_ready_weights(model):
 
 def test_ragged_batch_with_refill_padding_and_eos():
     """4 prompts of lengths 1..7 on 3 slots, always padded to a batch of 3: a finished sequence's slot
-    is refilled, rows go idle as sequences stop (EOS or length), each sequence gets what it gets alone.
-    The caches are sized exactly for k = 2; the depths end with chain_hidden_post_norm; prompts are
-    prefilled in chunks of 3 tokens (the 7-token prompt: trunk, depth rows and hidden ring in 3 chunks)."""
+    is refilled, rows go idle as sequences stop (EOS inside a cycle, or length), each sequence gets
+    what it gets alone, with the overlapped and the synchronous loop. The caches are sized exactly
+    for k = 2; the depths end with chain_hidden_post_norm; prefill passes of 3 rows x 2 tokens (the
+    7-token prompt in 4 passes, the last padded; later prompts prefilled between cycles)."""
     cfg = engine_config(chain_hidden_post_norm=True, num_mtp_depths=2, mtp_layer_types=["global", "sliding"])
     model = agreeable_model(cfg, seed=5)
     prompts = [[4], [1, 0, 3, 2, 2, 1, 4], [3, 3, 0], [2, 1]]
     N = 7
     engine = Engine(model, max_batch_size=3, max_seq_len=7 + N, num_speculative_tokens=2, dtype=torch.float32,
-                    device=DEVICE, batch_sizes=[3], prefill_chunk=3)   # the longest sequence fills its slot
-    eos = generate(model, prompts[0], max_new_tokens=N).token_ids[0][3]   # sequence 0 stops by its 4th token
-    poison(engine)
-    got = engine.generate(prompts, max_new_tokens=N, num_speculative_tokens=2, eos_token_id=eos)
+                    device=DEVICE, batch_sizes=[3], prefill_tokens=6, prefill_lengths=[2])
+    eos = eos_inside_a_cycle(model, prompts, N, k=2, ragged=True)
     want = generate(model, prompts, max_new_tokens=N, num_speculative_tokens=2, eos_token_id=eos)
-    assert_same_result(got, want)
+    for overlap in (True, False):
+        poison(engine)
+        got = engine.generate(prompts, max_new_tokens=N, num_speculative_tokens=2, eos_token_id=eos, overlap=overlap)
+        assert_same_result(got, want)
     lengths = [len(t) for t in got.token_ids]
     assert min(lengths) < N and max(lengths) == N, f"not ragged: lengths {lengths}"
     assert_accepts_and_rejects(got)
+    assert eos_cuts(got, eos)
+    passes = [t for t in engine.timings if t.kind == "prefill"]
+    assert len(passes) >= 4 and sum(t.tokens for t in passes) == sum(map(len, prompts))
 
 
 # ----------------------------------------------------------------------------- caches after scripted cycles
@@ -260,21 +293,142 @@ def test_caches_after_scripted_cycles(model):
     assert engine.max_seq_len > max(ring_sizes(engine))
 
 
+# ----------------------------------------------------------------------------- batched prefill
+def test_prefill_plan_against_brute_force():
+    """plan_prefill_pass takes the pass of most prompt tokens (fewest padded tokens on a tie) within
+    the budget, over every choice of chunk length and row count (brute force), in admission order."""
+    sizes, budget = [1, 2, 4, 8, 16, 32], 4096
+    lengths = default_prefill_lengths(budget)
+    assert lengths == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096] and default_prefill_lengths(6) == [6]
+    assert plan_prefill_pass([240] * 32, lengths, sizes, budget) == (32, 128, 32)
+    assert plan_prefill_pass([112] * 32, lengths, sizes, budget) == (32, 128, 32)
+    assert plan_prefill_pass([5000], lengths, sizes, budget) == (1, 4096, 1)
+    assert plan_prefill_pass([300, 300, 1], lengths, sizes, budget) == (3, 512, 4)
+    assert plan_prefill_pass([1, 3, 7], [2, 4, 8], [1, 2, 4], 8) == (3, 2, 4)
+    rng = random.Random(0)
+    for _ in range(300):
+        remaining = [rng.randint(1, 300) for _ in range(rng.randint(1, 40))]
+        lens = sorted(rng.sample([1, 2, 3, 5, 8, 16, 30, 64, 100, 256], rng.randint(1, 4)))
+        bs = sorted(rng.sample([1, 2, 3, 4, 6, 8, 16, 32], rng.randint(1, 4)))
+        budget = rng.randint(min(lens) * min(bs), max(2000, min(lens) * min(bs)))
+        rows, T, B = plan_prefill_pass(remaining, lens, bs, budget)
+        assert T in lens and B in bs and rows <= B and B * T <= budget and 1 <= rows <= len(remaining)
+        best = max((sum(min(r, t) for r in remaining[:n]), -b * t)
+                   for t in lens for b in bs for n in range(1, min(b, len(remaining)) + 1) if b * t <= budget)
+        assert (sum(min(r, T) for r in remaining[:rows]), -B * T) == best, (remaining, lens, bs, budget)
+    with pytest.raises(ValueError, match="smallest batch size 2 times the shortest length 4 exceeds it"):
+        plan_prefill_pass([3], [4], [2], 7)
+
+
+def assert_prefill_state(engine: Engine, slot: int, prompt: list[int], k: int, stop: int, first: int,
+                         other: Engine, other_slot: int, model) -> None:
+    """What a prefill leaves in `slot` of `engine`: the token buffer, n/stop/done/EOS, every trunk row
+    0..L-1, every depth m row 0..L-2-k, the hidden ring's H_{L-1-k..L-1}; equal to the rows `other`
+    holds in `other_slot` (float32: relative L2 <= 1e-5, exact for the integer state) and to the
+    reference (a fresh trunk prefill, the teacher-forced chained fold)."""
+    st, L = engine.state, len(prompt)
+    assert st.tokens[slot, : L + 1].tolist() == prompt + [first]
+    assert [int(st.n[slot]), int(st.stop[slot]), bool(st.done[slot]), int(st.eos[slot])] == [L + 1, stop, L + 1 >= stop, -1]
+    assert other.state.tokens[other_slot, : L + 1].tolist() == prompt + [first]
+    dev = engine.device
+    with torch.no_grad():
+        fresh = TrunkCache(len(model.trunk.layers))
+        model.trunk(torch.tensor([prompt], device=dev), fresh)
+        H = model.hidden(torch.tensor([prompt], device=dev))[0]
+    oracle = S.teacher_forced_depth_caches(model, prompt + [first])
+
+    def same(a, a_slot, b, b_slot, positions, what):
+        for f in FIELDS:
+            if positions[f]:
+                x, y = a.read(a_slot, positions[f])[f].double(), b.read(b_slot, positions[f])[f].double()
+                err = ((x - y).norm() / y.norm()).item()
+                assert err <= TOL, f"{what}: {f} at positions {positions[f]}: relative error {err:.2e}"
+
+    for i, (cache, o) in enumerate(zip(engine.trunk_caches, other.trunk_caches)):
+        rows = intact(cache, L - 1, L - 1, engine.max_seq_len)
+        same(cache, slot, o, other_slot, rows, f"slot {slot}, trunk layer {i}")
+        compare_rows(cache, fresh.layers[i], slot, rows, f"slot {slot}, trunk layer {i} vs reference", TOL)
+    for m in range(k):
+        rows = intact(engine.depth_caches[m], L - 2 - k, L - 2 - k, engine.max_seq_len)
+        same(engine.depth_caches[m], slot, other.depth_caches[m], other_slot, rows, f"slot {slot}, depth {m}")
+        compare_rows(engine.depth_caches[m], oracle[m], slot, rows, f"slot {slot}, depth {m} vs reference", TOL)
+    window = list(range(max(0, L - 1 - k), L))
+    ring = torch.tensor(window, device=dev) % engine.hidden_rows
+    for got, what in ((st.hidden[slot, ring], "engine"), (other.state.hidden[other_slot, ring], "per-sequence")):
+        assert ((got - H[window]).norm() / H[window].norm()).item() <= TOL, f"slot {slot}: hidden ring ({what})"
+
+
+def test_batched_prefill_equals_sequence_prefill(model):
+    """prefill_batch (the passes of generate) against the per-sequence `prefill` and the reference, k = 2.
+    Prompts of 1, 3 and 7 tokens (7 > the sliding window 5) in passes of budget 8 with lengths 2, 4, 8:
+    4 x 2, then 2 x 4, then 1 x 2 tokens (the 7-token prompt in three chunks; padding in every pass);
+    then, after a cycle of one of them, a 13-token prompt alone in two passes (admitted mid-run). The
+    per-sequence engine prefills in chunks of 7."""
+    k = 2
+    prompts = [[3], [1, 4, 0], [2, 0, 1, 3, 3, 4, 1], [0, 1, 2, 3, 4, 4, 3, 2, 1, 0, 1, 2, 3]]
+    engine = Engine(model, max_batch_size=4, max_seq_len=20, num_speculative_tokens=k, dtype=torch.float32,
+                    device=DEVICE, prefill_tokens=8, prefill_lengths=[2, 4, 8])
+    single = Engine(model, max_batch_size=4, max_seq_len=20, num_speculative_tokens=k, dtype=torch.float32,
+                    device=DEVICE, prefill_tokens=7)
+    poison(engine)
+    poison(single)
+    stops = [len(p) + 6 for p in prompts]
+    mode = DecodeMode()
+    firsts = engine.prefill_batch([2, 0, 3], prompts[:3], k, stops[:3])
+    assert [(t.rows, t.tokens) for t in engine.timings] == [(3, 5), (2, 5), (1, 1)]
+    for i, (slot, other) in enumerate(zip([2, 0, 3], [1, 3, 0])):
+        assert single.prefill(other, prompts[i], k, stops[i], mode) == firsts[i]
+        assert_prefill_state(engine, slot, prompts[i], k, stops[i], firsts[i], single, other, model)
+    engine.run_cycle([0], k, mode)
+    first = engine.prefill_batch([1], prompts[3:], k, stops[3:])[0]
+    assert [(t.rows, t.tokens) for t in engine.timings] == [(1, 8), (1, 5)]
+    assert single.prefill(2, prompts[3], k, stops[3], mode) == first
+    assert_prefill_state(engine, 1, prompts[3], k, stops[3], first, single, 2, model)
+
+
 # ----------------------------------------------------------------------------- sampling == reference
-@pytest.mark.parametrize("draft_sampling,params", [("greedy", dict(temperature=1.3, top_k=4)),
-                                                   ("sample", dict(temperature=0.9, top_p=0.9))])
-def test_sampling_with_reference_uniforms_equals_reference(model, draft_sampling, params):
+def test_reference_stream_drawn_at_once_equals_its_pieces():
+    """uniforms="reference" copies a sequence's whole stream to the device when it is admitted: one draw
+    of n uniforms from its generator must equal the reference's draws of 1, then k_eff, k_eff, 1, ..."""
+    u = Uniforms(sequence_seed(11, 3))
+    pieces = u(1) + [x for ke in (4, 4, 0, 2, 2, 1, 1) for x in u(ke) + u(ke) + u(1)]
+    whole = torch.rand(len(pieces), generator=Uniforms(sequence_seed(11, 3)).g, dtype=torch.float64).tolist()
+    assert whole == pieces
+
+
+@pytest.mark.parametrize("draft_sampling,params,overlap", [("greedy", dict(temperature=1.3, top_k=4), True),
+                                                           ("sample", dict(temperature=0.9, top_p=0.9), False)])
+def test_sampling_with_reference_uniforms_equals_reference(model, draft_sampling, params, overlap):
     """uniforms="reference": the engine draws each sequence's uniforms from the reference's own stream,
-    so the rejection sampling on the device must pick exactly the reference's tokens."""
+    so the rejection sampling on the device must pick exactly the reference's tokens (3 prompts on 2
+    slots: the third takes a finished sequence's slot and stream; one max_new_tokens per prompt, each
+    compared with the reference run at that limit)."""
     engine = Engine(model, max_batch_size=2, max_seq_len=20, num_speculative_tokens=2, dtype=torch.float32,
                     device=DEVICE, uniforms="reference")
-    prompts = [[1, 2, 3], [0, 4]]
-    kw = dict(max_new_tokens=6, num_speculative_tokens=2, draft_sampling=draft_sampling, seed=11, **params)
+    prompts, limits = [[1, 2, 3], [0, 4], [2]], [6, 4, 7]
+    kw = dict(num_speculative_tokens=2, draft_sampling=draft_sampling, seed=11, **params)
     poison(engine)
-    got = engine.generate(prompts, **kw)
-    want = generate(model, prompts, **kw)
-    assert_same_result(got, want)
+    got = engine.generate(prompts, max_new_tokens=limits, overlap=overlap, **kw)
+    runs = [generate(model, prompts, max_new_tokens=n, **kw) for n in limits]
+    assert got.token_ids == [r.token_ids[i] for i, r in enumerate(runs)]
+    assert got.cycles == [r.cycles[i] for i, r in enumerate(runs)]
+    assert repr(got.stats) == repr(AcceptanceStats.from_cycles(2, [c for seq in got.cycles for c in seq]))
     assert_accepts_and_rejects(got)
+
+
+def test_sampling_with_device_uniforms_overlapped_equals_synchronous(model):
+    """uniforms="device" (Philox per slot): the overlapped loop gives exactly the synchronous loop's
+    tokens, records and statistics (3 prompts on 2 slots, EOS, sampled drafts)."""
+    engine = Engine(model, max_batch_size=2, max_seq_len=20, num_speculative_tokens=2, dtype=torch.float32,
+                    device=DEVICE)
+    prompts = [[1, 2, 3], [0, 4], [2]]
+    kw = dict(max_new_tokens=7, temperature=1.0, draft_sampling="sample", seed=5, eos_token_id=3)
+    poison(engine)
+    want = engine.generate(prompts, overlap=False, **kw)
+    poison(engine)
+    got = engine.generate(prompts, overlap=True, **kw)
+    assert_same_result(got, want)
+    assert any(t[-1] == 3 and len(t) < 7 for t in got.token_ids), "no sequence stopped at the EOS"
 
 
 # ----------------------------------------------------------------------------- errors
@@ -295,8 +449,12 @@ def test_errors_name_the_problem(model, engine4, tmp_path):
         make(max_batch_size=0)
     with pytest.raises(ValueError, match="batch_sizes must be"):
         make(batch_sizes=[1])
-    with pytest.raises(ValueError, match="prefill_chunk"):
-        make(prefill_chunk=300)
+    with pytest.raises(ValueError, match="prefill_tokens must be an integer >= 1"):
+        make(prefill_tokens=0)
+    with pytest.raises(ValueError, match="prefill_lengths must be integers in 1..prefill_tokens=8"):
+        make(prefill_tokens=8, prefill_lengths=[4, 16])
+    with pytest.raises(ValueError, match="prefill_tokens=3 is below the smallest prefill pass: batch size 2 x chunk"):
+        make(prefill_tokens=3, prefill_lengths=[2], batch_sizes=[2])
     with pytest.raises(TypeError, match="checkpoint directory, an inkling_ref.InklingModel or "
                                         "inkling_fast.weights.ModelWeights, got int"):
         Engine(42, 1, 8, 0)
@@ -309,6 +467,12 @@ def test_errors_name_the_problem(model, engine4, tmp_path):
         engine4.generate([1, 2, 3], max_new_tokens=4, num_speculative_tokens=5)
     with pytest.raises(ValueError, match="out of range 0..4"):
         engine4.generate([1, 7], max_new_tokens=4)
+    with pytest.raises(ValueError, match="max_new_tokens: 3 limits for 2 prompts"):
+        engine4.generate([[1], [2]], max_new_tokens=[4, 4, 4])
+    with pytest.raises(ValueError, match="prompt 1 has 3 tokens; with max_new_tokens=22 .* max_seq_len=24"):
+        engine4.generate([[1], [1, 2, 3]], max_new_tokens=[4, 22])
+    with pytest.raises(ValueError, match="eos_token_id must be a token id"):
+        engine4.generate([1], max_new_tokens=4, eos_token_id=[1])
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         engine4.generate([[1], []], max_new_tokens=4)
     with pytest.raises(ValueError, match="a batch of 4 sequences is beyond max_batch_size=3"):
@@ -317,6 +481,10 @@ def test_errors_name_the_problem(model, engine4, tmp_path):
         engine4.make_batch([0, 0], 4)
     with pytest.raises(ValueError, match="slot=3 is outside 0..max_batch_size-1=2"):
         engine4.prefill(3, [1, 2], 4, 10, DecodeMode())
+    with pytest.raises(ValueError, match="slots \\[0, 0\\] must be distinct"):
+        engine4.prefill_batch([0, 0], [[1], [2]], 4, [5, 5])
+    with pytest.raises(ValueError, match="prompt 1: 3 tokens with stop=3 do not fit"):
+        engine4.prefill_batch([0, 1], [[1], [2, 3, 4]], 4, [5, 3])
 
     # a checkpoint with fewer complete MTP depths than k
     small = random_model(engine_config(num_mtp_depths=2, mtp_layer_types=["sliding", "global"]), seed=0)
@@ -347,42 +515,100 @@ def demo_fp32():
 
 @pytest.mark.gpu
 def test_gpu_demo_fp32_equals_reference(demo_ref, demo_fp32):
-    """The trained demo checkpoint at fp32 on the GPU, k = 0..8, batch 1 and a ragged batch of 8:
-    token ids identical to inkling_ref.generate (same GPU). The cycle records must agree too, up to
-    draft choices that a last-bit difference can flip (allowed in at most 1% of the cycles)."""
+    """The trained demo checkpoint at fp32 on the GPU, k = 0..8, batch 1 and a ragged batch of 8, with
+    the overlapped and the synchronous loop: token ids identical to inkling_ref.generate (same GPU).
+    The cycle records must agree too, up to draft choices that a last-bit difference can flip (allowed
+    in at most 1% of the cycles; the two loops may run a cycle at different padded batch sizes)."""
     prompts = demo_prompts(8)
+
+    def records_differ(got, want) -> int:
+        pairs = [(g, w) for gs, ws in zip(got.cycles, want.cycles) for g, w in zip(gs, ws)]
+        differ = sum(g != w for g, w in pairs) + abs(sum(map(len, got.cycles)) - sum(map(len, want.cycles)))
+        assert differ <= 0.01 * len(pairs), f"{differ} of {len(pairs)} cycles differ"
+        return differ
+
     for k in range(9):
         for batch in (prompts[:1], prompts):
-            poison(demo_fp32)
-            got = demo_fp32.generate(batch, max_new_tokens=48, num_speculative_tokens=k)
             want = generate(demo_ref, batch, max_new_tokens=48, num_speculative_tokens=k)
-            assert got.token_ids == want.token_ids, f"k={k}, batch {len(batch)}"
-            pairs = [(g, w) for gs, ws in zip(got.cycles, want.cycles) for g, w in zip(gs, ws)]
-            differ = sum(g != w for g, w in pairs) + abs(sum(map(len, got.cycles)) - sum(map(len, want.cycles)))
-            assert differ <= 0.01 * len(pairs), f"k={k}, batch {len(batch)}: {differ} of {len(pairs)} cycles differ"
-            if k >= 1:
-                assert got.stats.acceptance_length > 1.3, "the trained head should be accepted often"
+            runs = []
+            for overlap in (True, False):
+                poison(demo_fp32)
+                got = demo_fp32.generate(batch, max_new_tokens=48, num_speculative_tokens=k, overlap=overlap)
+                assert got.token_ids == want.token_ids, f"k={k}, batch {len(batch)}, overlap={overlap}"
+                records_differ(got, want)
+                runs.append(got)
+                if k >= 1:
+                    assert got.stats.acceptance_length > 1.3, "the trained head should be accepted often"
+            records_differ(*runs)
 
 
 @pytest.mark.gpu
 def test_gpu_random_model_equals_reference():
     """A random 8-depth model (log-tau inside the depths too), k = 0..8, batch 1 and a ragged batch of 8
-    (prompts of 1..22 tokens): token ids, cycle records and statistics identical to inkling_ref."""
+    prompts of 1..22 tokens on 4 slots (refills), prefill passes of at most 16 tokens (chunks of 4, 8
+    or 16: prompts split over passes, padded rows), with an EOS too (k = 1, 4, 8), with the overlapped
+    and the synchronous loop: token ids, cycle records and statistics identical to inkling_ref. Then
+    sampling with the reference's uniforms (greedy and sampled drafts, k = 1, 4, 8), both loops."""
     cfg = engine_config(hidden_size=64, num_heads=4, num_kv_heads=2, swa_num_heads=4, swa_num_kv_heads=2,
                         max_position_embeddings=256, num_mtp_depths=8, mtp_apply_log_scaling=True,
                         mtp_layer_types=["sliding", "global", "sliding", "global"] + ["sliding"] * 4)
     model = agreeable_model(cfg, seed=7)
-    engine = Engine(model, max_batch_size=8, max_seq_len=64, num_speculative_tokens=8, dtype=torch.float32)
+    kw = dict(max_batch_size=4, max_seq_len=64, num_speculative_tokens=8, dtype=torch.float32, prefill_tokens=16,
+              prefill_lengths=[4, 8, 16])
+    engine = Engine(model, **kw)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 5, (1 + 3 * i,), generator=g).tolist() for i in range(8)]
     for k in range(9):
-        for batch in (prompts[:1], prompts):
-            poison(engine)
-            got = engine.generate(batch, max_new_tokens=40, num_speculative_tokens=k)
-            want = generate(model, batch, max_new_tokens=40, num_speculative_tokens=k)
-            assert_same_result(got, want)
-            if k:
-                assert_accepts_and_rejects(got)
+        cases = [(prompts[:1], None), (prompts, None)]
+        if k in (1, 4, 8):                                             # an EOS that stops a sequence inside a cycle
+            cases.append((prompts, eos_inside_a_cycle(model, prompts, 40, k)))
+        for batch, eos_id in cases:
+            want = generate(model, batch, max_new_tokens=40, num_speculative_tokens=k, eos_token_id=eos_id)
+            for overlap in (True, False):
+                poison(engine)
+                got = engine.generate(batch, max_new_tokens=40, num_speculative_tokens=k, eos_token_id=eos_id,
+                                      overlap=overlap)
+                assert_same_result(got, want)
+                if k:
+                    assert_accepts_and_rejects(got)
+                if eos_id is not None:
+                    assert eos_cuts(got, eos_id)
+    sampler = Engine(model, uniforms="reference", **kw)
+    for k in (1, 4, 8):
+        for draft_sampling in ("greedy", "sample"):
+            args = dict(max_new_tokens=30, num_speculative_tokens=k, temperature=0.8, top_k=4,
+                        draft_sampling=draft_sampling, seed=3)
+            want = generate(model, prompts, **args)
+            for overlap in (True, False):
+                poison(sampler)
+                assert_same_result(sampler.generate(prompts, overlap=overlap, **args), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_gpu_demo_batched_prefill_caches(demo_ref, demo_fp32, k):
+    """The demo checkpoint at fp32: prompts of 1, 40, 100 and 250 tokens (sliding window 64) prefilled
+    together in passes of at most 128 tokens (the long ones split, padded rows), then a 70-token prompt
+    after a cycle of the first: every cache equal to the per-sequence prefill's (demo_fp32, chunks of
+    4096) and to the reference's."""
+    engine = Engine(DEMO, max_batch_size=8, max_seq_len=256, num_speculative_tokens=8, dtype=torch.float32,
+                    prefill_tokens=128)
+    src = demo_prompts(8)[7]                                   # 16 + 13 * 7 = 107 tokens
+    long = (src * 3)[:250]
+    prompts = [src[:1], src[:40], src[:100], long, src[30:100]]
+    stops = [len(p) + 4 for p in prompts]
+    poison(engine)
+    poison(demo_fp32)
+    mode = DecodeMode()
+    firsts = engine.prefill_batch([1, 4, 6, 7], prompts[:4], k, stops[:4])
+    assert len(engine.timings) >= 3
+    for i, (slot, other) in enumerate(zip([1, 4, 6, 7], [0, 1, 2, 3])):
+        assert demo_fp32.prefill(other, prompts[i], k, stops[i], mode) == firsts[i]
+        assert_prefill_state(engine, slot, prompts[i], k, stops[i], firsts[i], demo_fp32, other, demo_ref)
+    engine.run_cycle([1], k, mode)
+    first = engine.prefill_batch([0], prompts[4:], k, stops[4:])[0]
+    assert demo_fp32.prefill(4, prompts[4], k, stops[4], mode) == first
+    assert_prefill_state(engine, 0, prompts[4], k, stops[4], first, demo_fp32, 4, demo_ref)
 
 
 @pytest.mark.gpu
@@ -489,31 +715,81 @@ def test_gpu_demo_bf16_equals_its_plain_decoding_up_to_near_ties(demo_ref, demo_
 
 @pytest.mark.gpu
 def test_gpu_cycle_has_no_host_sync_and_replays_as_graphs(model):
-    """The cycle runs eagerly under sync-debug "error" (greedy and sampled, with a padded row), and the
-    graph engine (one replay per cycle) produces exactly what the eager engine produces, sampling with
-    device uniforms included."""
+    """The cycle and a batched prefill pass (split prompts, padded rows) run eagerly under sync-debug
+    "error" (greedy and sampled, with a padded row), and the graph engine (one replay per step)
+    produces exactly what the eager engine produces, sampling with device uniforms included."""
     prompts = [[1, 2, 3, 4, 0], [2], [0, 1, 4]]
     graphs = Engine(model, max_batch_size=4, max_seq_len=40, num_speculative_tokens=3, dtype=torch.float32)
     eager = Engine(model, max_batch_size=4, max_seq_len=40, num_speculative_tokens=3, dtype=torch.float32,
-                   use_cuda_graphs=False, batch_sizes=[2, 4])             # other batch sizes, padded rows
+                   use_cuda_graphs=False, batch_sizes=[2, 4], prefill_tokens=8, prefill_lengths=[2, 4])
     for mode in (DecodeMode(), DecodeMode(SamplingParams(0.9, top_k=3), "sample")):
+        eager.prefill_batch([1, 2], prompts[:2], 3, [30, 30], mode)      # compile and autotune first
         eager.prefill(0, prompts[0], 3, 30, mode)
         batch = eager.make_batch([0], 3)
-        eager.cycle(batch, 3, mode)                       # compile and autotune first
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        eager.cycle(batch, 3, mode)
+        with sync_debug_error_but_result_waits() as waits:
             eager.cycle(batch, 3, mode)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    cycles = 0
+            eager.prefill_batch([1, 2], prompts[:2], 3, [30, 30], mode)
+        assert len(waits) == len(eager.timings) == 2                   # two passes: [1..5] in chunks of 4 + 1
+    steps = 0
     for kw in (dict(), dict(temperature=0.9, top_k=3, draft_sampling="sample", seed=7)):
         got = graphs.generate(prompts, max_new_tokens=20, **kw)
+        steps += len(graphs.timings)                  # one replay per step (a pass or a cycle of the batch)
         want = eager.generate(prompts, max_new_tokens=20, **kw)
         assert_same_result(got, want)
-        cycles += max(len(c) for c in got.cycles)     # one replay runs a cycle of the whole batch
     assert not eager.graphs
-    assert sum(g.replays for g in graphs.graphs.values()) == cycles > 0
+    assert sum(g.replays for g in graphs.graphs.values()) == steps > 0
+
+
+@contextlib.contextmanager
+def sync_debug_error_but_result_waits():
+    """torch.cuda.set_sync_debug_mode("error") inside: any synchronizing CUDA call raises (a blocking
+    copy, .item(), a stream or device sync), except torch.cuda.Event.synchronize, the engine's wait for a
+    step's result copy, which is let through and counted (the events waited on, yielded as a list)."""
+    waits, wait = [], torch.cuda.Event.synchronize
+
+    def counted_wait(event):
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            wait(event)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+        waits.append(event)
+
+    torch.cuda.synchronize()
+    torch.cuda.Event.synchronize = counted_wait
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield waits
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.Event.synchronize = wait
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sampling", [False, True])
+def test_gpu_overlapped_loop_waits_only_for_the_result_copies(model, sampling):
+    """A whole overlapped `generate` (6 prompts on 4 slots: refills, prompts split over prefill passes,
+    an EOS), once its graphs are captured, under sync-debug "error": any synchronizing CUDA call raises
+    (a blocking copy, .item(), a stream or device sync), except the one wait per step for its result
+    copy (torch.cuda.Event.synchronize, counted: one per step). Same result as the synchronous loop."""
+    engine = Engine(model, max_batch_size=4, max_seq_len=48, num_speculative_tokens=3, dtype=torch.float32,
+                    prefill_tokens=16, prefill_lengths=[4, 8, 16])
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 5, (n,), generator=g).tolist() for n in (1, 9, 20, 3, 14, 6)]
+    kw = dict(max_new_tokens=24)
+    if sampling:
+        kw.update(temperature=0.9, draft_sampling="sample", seed=2)
+    kw["eos_token_id"] = engine.generate(prompts, overlap=False, **kw).token_ids[2][12]   # stops sequence 2 early
+    want = engine.generate(prompts, overlap=False, **kw)
+    engine.generate(prompts, overlap=True, **kw)                     # captures what the overlapped schedule needs
+    captured = len(engine.graphs)
+    with sync_debug_error_but_result_waits() as waits:
+        got = engine.generate(prompts, overlap=True, **kw)
+    assert_same_result(got, want)
+    assert len(waits) == len(engine.timings) and len(set(map(id, waits))) == len(waits)
+    assert len(engine.graphs) == captured
+    assert any(len(t) < 24 for t in got.token_ids) and sum(t.kind == "prefill" for t in engine.timings) >= 4
 
 
 @pytest.mark.gpu
