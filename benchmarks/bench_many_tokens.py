@@ -235,8 +235,9 @@ def summarize(res: dict) -> dict:
 def measure(ctx: harness.Context) -> dict:
     res = dict(gpu=ctx.device_name, torch=torch.__version__, commit=harness.git_commit(), copy_gbps=ctx.copy_gbps,
                command="python " + " ".join(["benchmarks/bench_many_tokens.py"] + sys.argv[1:]))
-    res["moe"] = run_moe(ctx, "cuda", timed=True)
-    res["lm_head"] = run_head(ctx, "cuda", timed=True)
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    res["moe"] = run_moe(ctx, "cuda", timed=True) if only in (None, "moe") else []
+    res["lm_head"] = run_head(ctx, "cuda", timed=True) if only in (None, "head") else []
     res.update(summarize(res))
     for name, n in res["crossovers"].items():
         print(f"crossover {name}: many-token path from {n if n is not None else 'never (within the sizes measured)'}")
@@ -273,6 +274,12 @@ def dry_run() -> None:
 
 
 def main(argv: list[str]) -> None:
+    """--out FILE: the JSON; --only moe|head: one of the two tables; --tokens / --rows 1,64,576: other sizes."""
+    global TOKENS, ROWS
+    for flag in ("--tokens", "--rows"):
+        if flag in argv:
+            sizes = tuple(int(x) for x in argv[argv.index(flag) + 1].split(","))
+            TOKENS, ROWS = (sizes, ROWS) if flag == "--tokens" else (TOKENS, sizes)
     if DRY:
         dry_run()
         return
