@@ -20,10 +20,8 @@ Two launches, both free of host synchronization:
 The group granularity is fixed (independent of the tile size `launch_config` picks), so the second
 pass never needs to know the launch configuration of the first.
 
-Launch configuration (`launch_config`, a rule on H, BLOCK_T and the dtype; no autotuning): bf16/fp16
-streams W in tiles of 128 ids x 128 of H (64 ids at H <= 1024, whose small vocabularies would
-otherwise give too few programs); float32 (FMA dots) tiles of 64 x 64 with two stages. Each kernel
-compiles once per BLOCK_T bucket (16, 32, 64 rows); the row count T itself is a runtime value.
+The tiles follow from H, BLOCK_T and the dtype by a rule (`launch_config`; no autotuning), and the
+row count T is a runtime value: the first kernel compiles once per BLOCK_T (16, 32 or 64 rows).
 """
 
 from __future__ import annotations

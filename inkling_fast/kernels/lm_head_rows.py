@@ -29,9 +29,8 @@ but bf16 logits are rounded to 8 significant bits and their ties are no longer t
 (the argmax then differs from `lm_head_argmax` at near ties: a result that depends on the batch
 size); in float32 it is exact but writes and reads 4 * T * V_out bytes more than this kernel.
 
-Launch configuration (`launch_config`, a rule on T and the dtype; no autotuning): bf16/fp16 tiles of
-128 rows x 256 ids (64 rows below 256 rows), float32 small tiles of 32 x 64 (exact products on the FMA
-units). The row count T is a runtime value: the kernel compiles once per tile shape.
+The tiles follow from the row count and the dtype by a rule (`launch_config`; no autotuning), and T
+itself is a runtime value: the kernel compiles once per tile shape (two for bf16).
 """
 
 from __future__ import annotations
