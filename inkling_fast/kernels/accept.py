@@ -19,7 +19,7 @@ import triton.language as tl
 from .common import INDEX_DTYPES, check_kernel_device, check_tensor, need, out_tensor
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["K"])
 def _greedy_accept_kernel(drafts_ptr, target_ptr, k_eff_ptr, a_ptr, next_ptr, emitted_ptr, K,
                           HAS_K_EFF: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)

@@ -110,7 +110,7 @@ def _attend_tile(acc, m_i, l_i, q, start, end, b, s, g, d, dmask, rows, row_ok, 
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NUM_SPLITS"])
 def _attention_kernel(
     q_ptr, rel_ptr, k_ptr, v_ptr, kf_ptr, vf_ptr, out_ptr, part_o_ptr, part_lse_ptr, slot_ptr, pos_ptr,
     T, CAP, E, WINDOW, qk_scale, NUM_SPLITS,
@@ -184,7 +184,7 @@ def _attention_kernel(
                  mask=omask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, pos_ptr, NUM_SPLITS, NH: tl.constexpr, HD: tl.constexpr,
                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
     """out[row, h] = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s.

@@ -162,7 +162,7 @@ def _prep_rel_block(r_ptr, rel_proj_ptr, rel_out_ptr, row, b, t, live, eb, tau, 
              mask=hmask[:, None] & emask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _prep_kernel(
     q_ptr, k_in_ptr, v_in_ptr, r_ptr,
     q_norm_ptr, k_norm_ptr, k_conv_ptr, v_conv_ptr, rel_proj_ptr,

@@ -24,7 +24,7 @@ import triton.language as tl
 from .common import both, need
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "KEEP"])
 def _commit_rows_kernel(src_ptr, dst_ptr, slot_ptr, pos_ptr, T, KEEP, C, n_slots, stride_b, stride_t,
                         BLOCK_C: tl.constexpr):
     row = tl.program_id(0)                  # b * T + t

@@ -6,6 +6,7 @@ the argument checks of the wrappers.
     round_to(x, dtype, FIX_BF16)       @triton.jit: x.to(dtype) rounded to nearest even, also in the interpreter
     both(mask, flag)                   @triton.jit: a vector mask AND a scalar flag
     dot(a, b, acc, FP32_DOT)           @triton.jit: acc + a @ b with float32 accumulation
+    pipeline_stages(stages, nbytes)    num_stages of a K loop, capped so its buffers fit shared memory
     need(ok, msg)                      raise ValueError(msg) unless ok
     check_tensor(name, t, ...)         one clear ValueError naming the argument and what would be valid
     out_tensor(name, t, shape, ...)    a given output buffer checked, or a new one
@@ -71,6 +72,19 @@ def dot(a, b, acc, FP32_DOT: tl.constexpr):
     else:
         acc = tl.dot(a, b, acc)
     return acc
+
+
+# ----------------------------------------------------------------------------------------------- launch configs
+SMEM_BYTES = 160 * 1024   # shared memory a K loop's pipeline buffers may take (Hopper: 227 KB per block)
+
+
+def pipeline_stages(stages: int, bytes_per_stage: int) -> int:
+    """num_stages for a K loop whose every stage buffers `bytes_per_stage` bytes of operand tiles in
+    shared memory: `stages`, fewer where that many would not fit SMEM_BYTES (the rest of the block's
+    shared memory is left to the epilogue and layout conversions), at least 1. Launch configurations
+    are chosen by such rules, not by autotuning: an autotuner compiles and benchmarks every
+    candidate on a kernel's first call in each process, which costs seconds of setup per kernel."""
+    return max(1, min(stages, SMEM_BYTES // bytes_per_stage))
 
 
 # ----------------------------------------------------------------------------------------------- checks

@@ -25,7 +25,7 @@ from .common import (FLOAT_DTYPES, INDEX_DTYPES, both, check_ids_in_range, check
                      out_tensor)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["ids_ptr"])
 def _embed_norm_kernel(ids_ptr, table_ptr, w1_ptr, w2_ptr, e_ptr, n_ptr, V, H, table_row, eps,
                        BLOCK_H: tl.constexpr, SECOND: tl.constexpr, STORE_FIRST: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

@@ -17,11 +17,11 @@ Two launches, both free of host synchronization:
      With W as the wide operand and T as the narrow one, every program streams BLOCK_V * H weights
      once for all T rows: the kernel reads W once (for T <= 64), which is the floor.
   2. reduce: one program per token row scans its partials in id order and keeps the first maximum.
-The group granularity is fixed (independent of the tile size the autotuner picks), so the second
+The group granularity is fixed (independent of the tile size `launch_config` picks), so the second
 pass never needs to know the launch configuration of the first.
 
-On a GPU the first kernel is autotuned (Triton's autotuner benchmarks a few tile shapes on the first
-call for each (H, BLOCK_T)): warm up once before capturing a CUDA graph or timing.
+The tiles follow from H, BLOCK_T and the dtype by a rule (`launch_config`; no autotuning), and the
+row count T is a runtime value: the first kernel compiles once per BLOCK_T (16, 32 or 64 rows).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, dot, interpreting, need, out_tensor
+from .common import (FLOAT_DTYPES, check_kernel_device, check_tensor, dot, interpreting, need, out_tensor,
+                     pipeline_stages)
 
 GROUP = 64            # ids per partial (max, argmax) entry
 MAX_BLOCK_T = 64      # token rows per program; more rows are split over a second grid axis
@@ -40,8 +41,7 @@ REDUCE_BLOCK = 1024   # partials per step of the reduction
 INT32_MAX = tl.constexpr(2**31 - 1)  # a constexpr: Triton 3.6 refuses plain globals in kernels
 
 
-@triton.heuristics({"EVEN_K": lambda a: a["H"] % a["BLOCK_K"] == 0})
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _lm_head_partial_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_groups,
                             BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                             FP32_DOT: tl.constexpr, EVEN_K: tl.constexpr):
@@ -96,17 +96,20 @@ def _lm_head_reduce_kernel(pmax_ptr, pidx_ptr, ids_ptr, vals_ptr, n_groups, mup,
     tl.store(vals_ptr + t, best / mup)
 
 
-_CONFIGS = [
-    triton.Config({"BLOCK_V": 128, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_V": 128, "BLOCK_K": 64}, num_warps=4, num_stages=5),
-    triton.Config({"BLOCK_V": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_V": 64, "BLOCK_K": 256}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_V": 256, "BLOCK_K": 64}, num_warps=8, num_stages=4),
-    triton.Config({"BLOCK_V": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
-]
-_INTERPRET_META = dict(BLOCK_V=64, BLOCK_K=32, num_warps=4)
-_partial = _lm_head_partial_kernel if interpreting() else \
-    triton.autotune(configs=_CONFIGS, key=["H", "BLOCK_T", "FP32_DOT"])(_lm_head_partial_kernel)
+_INTERPRET_META = dict(BLOCK_V=64, BLOCK_K=32, num_warps=4)   # small tiles: tests span several
+
+
+def launch_config(H: int, BLOCK_T: int, dtype: torch.dtype) -> dict:
+    """The partial kernel's BLOCK_V, BLOCK_K, num_warps, num_stages for [BLOCK_T, H] rows of `dtype`:
+    bf16/fp16 128 ids x 128 of H, 4 warps, 4 stages (64 ids at H <= 1024: more programs over a small
+    vocabulary); float32 (exact products on the FMA units) 64 x 64, 4 warps, 2 stages. Stages are
+    capped so that the W and h tiles of every stage fit shared memory."""
+    if dtype == torch.float32:
+        block_v, block_k, warps, stages = 64, 64, 4, 2
+    else:
+        block_v, block_k, warps, stages = (64 if H <= 1024 else 128), 128, 4, 4
+    nbytes = (block_v + BLOCK_T) * block_k * torch.finfo(dtype).bits // 8
+    return dict(BLOCK_V=block_v, BLOCK_K=block_k, num_warps=warps, num_stages=pipeline_stages(stages, nbytes))
 
 
 def reduce_partials(pmax: torch.Tensor, pidx: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor,
@@ -176,10 +179,10 @@ def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None 
     pmax = torch.empty(T, n_groups, dtype=torch.float32, device=h.device)
     pidx = torch.empty(T, n_groups, dtype=torch.int32, device=h.device)
     BLOCK_T = min(MAX_BLOCK_T, max(16, triton.next_power_of_2(T)))
-    grid = lambda meta: (triton.cdiv(V_out, meta["BLOCK_V"]), triton.cdiv(T, BLOCK_T))  # noqa: E731
     interp = interpreting()
-    meta = _INTERPRET_META if interp else {}
-    _partial[grid](h, weight, pmax, pidx, T, H, V_out, n_groups, BLOCK_T=BLOCK_T,
-                   FP32_DOT=h.dtype == torch.float32 or interp, **meta)
+    meta = _INTERPRET_META if interp else launch_config(H, BLOCK_T, h.dtype)
+    _lm_head_partial_kernel[(triton.cdiv(V_out, meta["BLOCK_V"]), triton.cdiv(T, BLOCK_T))](
+        h, weight, pmax, pidx, T, H, V_out, n_groups, BLOCK_T=BLOCK_T, FP32_DOT=h.dtype == torch.float32 or interp,
+        EVEN_K=H % meta["BLOCK_K"] == 0, **meta)
     reduce_partials(pmax, pidx, ids, vals, mup)
     return ids, vals

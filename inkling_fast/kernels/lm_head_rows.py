@@ -29,8 +29,8 @@ but bf16 logits are rounded to 8 significant bits and their ties are no longer t
 (the argmax then differs from `lm_head_argmax` at near ties: a result that depends on the batch
 size); in float32 it is exact but writes and reads 4 * T * V_out bytes more than this kernel.
 
-On a GPU the partial kernel is autotuned on the first call for each (H, row bucket): warm up once
-before capturing a CUDA graph or timing.
+The tiles follow from the row count and the dtype by a rule (`launch_config`; no autotuning), and T
+itself is a runtime value: the kernel compiles once per tile shape (two for bf16).
 """
 
 from __future__ import annotations
@@ -39,15 +39,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot, interpreting, out_tensor
+from .common import dot, interpreting, out_tensor, pipeline_stages
 from .lm_head_argmax import GROUP, INT32_MAX, check_lm_head, lm_head_argmax_torch, reduce_partials
 
 lm_head_rows_torch = lm_head_argmax_torch   # the twin: float32 logits a chunk of ids at a time, first maximum
 
 
-@triton.heuristics({"EVEN_K": lambda a: a["H"] % a["BLOCK_K"] == 0})
-@triton.jit
-def _lm_head_rows_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_groups, t_bucket,
+@triton.jit(do_not_specialize=["T"])
+def _lm_head_rows_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_groups,
                          BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
                          FP32_DOT: tl.constexpr, EVEN_K: tl.constexpr):
     G: tl.constexpr = BLOCK_V // 64                                      # groups of GROUP = 64 ids per tile
@@ -85,18 +84,23 @@ def _lm_head_rows_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_groups
     tl.store(pidx_ptr + offs, idx, mask=ok)
 
 
-_CONFIGS = [
-    triton.Config({"BLOCK_T": 128, "BLOCK_V": 256, "BLOCK_K": 64}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_T": 128, "BLOCK_V": 128, "BLOCK_K": 64}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_T": 64, "BLOCK_V": 256, "BLOCK_K": 64}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_T": 64, "BLOCK_V": 128, "BLOCK_K": 128}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_T": 128, "BLOCK_V": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_T": 64, "BLOCK_V": 256, "BLOCK_K": 64}, num_warps=8, num_stages=4),
-    triton.Config({"BLOCK_T": 32, "BLOCK_V": 64, "BLOCK_K": 32}, num_warps=4, num_stages=2),   # small (float32)
-]
-_INTERPRET_META = dict(BLOCK_T=32, BLOCK_V=64, BLOCK_K=32, num_warps=4)
-_partial = _lm_head_rows_kernel if interpreting() else \
-    triton.autotune(configs=_CONFIGS, key=["H", "t_bucket", "FP32_DOT"])(_lm_head_rows_kernel)
+_INTERPRET_META = dict(BLOCK_T=32, BLOCK_V=64, BLOCK_K=32, num_warps=4)   # small tiles: tests span several
+
+
+def launch_config(T: int, dtype: torch.dtype) -> dict:
+    """BLOCK_T, BLOCK_V, BLOCK_K, num_warps, num_stages for T rows of `dtype`: bf16/fp16 the matmul
+    tutorial's tiles, 128 rows x 256 ids x 64 of H, 8 warps, 3 stages (64 rows, 4 warps, 4 stages below
+    256 rows, where 128-row tiles would be mostly padding); float32 (exact products on the FMA units)
+    32 x 64 x 32, 4 warps, 2 stages. Stages are capped so that every stage's tiles fit shared memory."""
+    if dtype == torch.float32:
+        block_t, block_v, block_k, warps, stages = 32, 64, 32, 4, 2
+    elif T >= 256:
+        block_t, block_v, block_k, warps, stages = 128, 256, 64, 8, 3
+    else:
+        block_t, block_v, block_k, warps, stages = 64, 256, 64, 4, 4
+    nbytes = (block_t + block_v) * block_k * torch.finfo(dtype).bits // 8
+    return dict(BLOCK_T=block_t, BLOCK_V=block_v, BLOCK_K=block_k, num_warps=warps,
+                num_stages=pipeline_stages(stages, nbytes))
 
 
 def lm_head_rows(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = None, mup: float = 1.0,
@@ -113,9 +117,10 @@ def lm_head_rows(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = 
     n_groups = triton.cdiv(V_out, GROUP)
     pmax = torch.empty(T, n_groups, dtype=torch.float32, device=h.device)
     pidx = torch.empty(T, n_groups, dtype=torch.int32, device=h.device)
-    grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]) * triton.cdiv(V_out, meta["BLOCK_V"]),)  # noqa: E731
     interp = interpreting()
-    _partial[grid](h, weight, pmax, pidx, T, H, V_out, n_groups, triton.next_power_of_2(T),
-                   FP32_DOT=h.dtype == torch.float32 or interp, **(_INTERPRET_META if interp else {}))
+    meta = _INTERPRET_META if interp else launch_config(T, h.dtype)
+    _lm_head_rows_kernel[(triton.cdiv(T, meta["BLOCK_T"]) * triton.cdiv(V_out, meta["BLOCK_V"]),)](
+        h, weight, pmax, pidx, T, H, V_out, n_groups, FP32_DOT=h.dtype == torch.float32 or interp,
+        EVEN_K=H % meta["BLOCK_K"] == 0, **meta)
     reduce_partials(pmax, pidx, ids, vals, mup)
     return ids, vals

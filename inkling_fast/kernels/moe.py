@@ -27,8 +27,10 @@ tensors). Correct for any routing: collisions (many tokens on one expert) only l
 program's loop. Routed ids must lie in 0..R-1 (`moe_route` guarantees it; ids passed to
 `moe_experts` are clamped into range for memory safety, not validated: that would need a host sync).
 
-On a GPU the up and down kernels are autotuned on the first call for each (H, F, token bucket):
-warm up once before capturing a CUDA graph or timing.
+Launch configuration (`launch_config`, a rule on H and the dtype; no autotuning): the weight tiles
+the experts are streamed in are fixed per model width and dtype, and the token count N (like P = N *
+(k + S)) is a runtime value, so each kernel compiles once per model (the align step twice at most:
+one pair tile for up to 32 pairs, a wider one above).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import triton.language as tl
 
 from inkling_ref.moe import MoE as RefMoE
 
-from .common import INDEX_DTYPES, check_tensor, dot, interpreting, need, out_tensor, round_to
+from .common import INDEX_DTYPES, check_tensor, dot, interpreting, need, out_tensor, pipeline_stages, round_to
 from .moe_router import check_x, moe_route, moe_route_torch
 
 MAX_TOKENS = 256      # the align step is one program comparing all pairs: meant for small N
@@ -61,7 +63,7 @@ def pair_expert(chosen_ptr, p, P, R, TOP_K, KS, E):
     return tl.where(ok, tl.where(routed, c, R + j - TOP_K), E)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def _moe_align_kernel(chosen_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, slot_count_ptr, num_slots_ptr,
                       P, R, TOP_K, KS, E, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
     ar_p = tl.arange(0, BLOCK_P)
@@ -112,10 +114,9 @@ def _slot_expert(slot, slot_expert_ptr, slot_start_ptr, slot_count_ptr, w_ptr, s
     return start, cnt, w_base
 
 
-@triton.heuristics({"EVEN_K": lambda a: a["H"] % a["BLOCK_K"] == 0})
 @triton.jit
 def _moe_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, slot_count_ptr,
-                   num_slots_ptr, act_ptr, H, F, R, KS, n_bucket,
+                   num_slots_ptr, act_ptr, H, F, R, KS,
                    BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
                    FP32_DOT: tl.constexpr, FIX_BF16: tl.constexpr, EVEN_K: tl.constexpr):
     slot = tl.program_id(0)
@@ -153,10 +154,9 @@ def _moe_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, slot_expert_ptr, slot_s
                  round_to(act, act_ptr.dtype.element_ty, FIX_BF16), mask=f_ok[:, None] & r_ok[None, :])
 
 
-@triton.heuristics({"EVEN_K": lambda a: a["F"] % a["BLOCK_K"] == 0})
 @triton.jit
 def _moe_down_kernel(act_ptr, w2_ptr, sw2_ptr, sorted_ptr, slot_expert_ptr, slot_start_ptr, slot_count_ptr,
-                     num_slots_ptr, weights_ptr, pair_out_ptr, H, F, R, n_bucket,
+                     num_slots_ptr, weights_ptr, pair_out_ptr, H, F, R,
                      BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
                      FP32_DOT: tl.constexpr, EVEN_K: tl.constexpr):
     slot = tl.program_id(0)
@@ -201,27 +201,28 @@ def _moe_combine_kernel(pair_out_ptr, y_ptr, H, KS, BLOCK_J: tl.constexpr, BLOCK
     tl.store(y_ptr + t * H + h, round_to(tl.sum(v, axis=0), y_ptr.dtype.element_ty, FIX_BF16), mask=h_ok)
 
 
-_UP_CONFIGS = [
-    triton.Config({"BLOCK_F": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_F": 64, "BLOCK_K": 64}, num_warps=4, num_stages=5),
-    triton.Config({"BLOCK_F": 32, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_F": 32, "BLOCK_K": 256}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_F": 128, "BLOCK_K": 64}, num_warps=8, num_stages=4),
-    triton.Config({"BLOCK_F": 64, "BLOCK_K": 128}, num_warps=8, num_stages=3),
-]
-_DOWN_CONFIGS = [
-    triton.Config({"BLOCK_H": 128, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_H": 128, "BLOCK_K": 64}, num_warps=4, num_stages=5),
-    triton.Config({"BLOCK_H": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_H": 64, "BLOCK_K": 256}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_H": 256, "BLOCK_K": 64}, num_warps=8, num_stages=4),
-    triton.Config({"BLOCK_H": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
-]
-_KEY = ["H", "F", "n_bucket", "FP32_DOT"]  # (FIX_BF16 is off on a GPU)
-_up = _moe_up_kernel if interpreting() else triton.autotune(configs=_UP_CONFIGS, key=_KEY)(_moe_up_kernel)
-_down = _moe_down_kernel if interpreting() else triton.autotune(configs=_DOWN_CONFIGS, key=_KEY)(_moe_down_kernel)
-_UP_INTERPRET = dict(BLOCK_F=16, BLOCK_K=32, num_warps=4)
+_UP_INTERPRET = dict(BLOCK_F=16, BLOCK_K=32, num_warps=4)     # small tiles: tests span several
 _DOWN_INTERPRET = dict(BLOCK_H=16, BLOCK_K=16, num_warps=4)
+
+
+def launch_config(H: int, dtype: torch.dtype) -> tuple[dict, dict]:
+    """(up, down) launch parameters for a layer of width H in `dtype`. bf16/fp16: the up step streams
+    64 gate + 64 up rows of W13 x 128 of H per program, the down step 128 rows of W2 x 128 of F, 4 warps,
+    4 stages; at H <= 1024 (small models, few programs per expert) half as many rows. float32 (exact
+    products on the FMA units): 32 and 64 rows x 64, 2 stages. Stages are capped so that the weight and
+    token tiles of every stage fit shared memory."""
+    if dtype == torch.float32:
+        (block_f, k_up), (block_h, k_down), stages = (32, 64), (64, 64), 2
+    elif H <= 1024:
+        (block_f, k_up), (block_h, k_down), stages = (32, 128), (64, 128), 4
+    else:
+        (block_f, k_up), (block_h, k_down), stages = (64, 128), (128, 128), 4
+    size = torch.finfo(dtype).bits // 8
+    up = dict(BLOCK_F=block_f, BLOCK_K=k_up, num_warps=4,
+              num_stages=pipeline_stages(stages, (2 * block_f + BLOCK_M) * k_up * size))
+    down = dict(BLOCK_H=block_h, BLOCK_K=k_down, num_warps=4,
+                num_stages=pipeline_stages(stages, (block_h + BLOCK_M) * k_down * size))
+    return up, down
 
 
 # ----------------------------------------------------------------------------- twins
@@ -314,23 +315,24 @@ def moe_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w1
     max_slots = min(R, N * K) + S
     dev = x.device
     sorted_pairs = torch.empty(P, dtype=torch.int32, device=dev)
-    slot_info = torch.empty(3, max_slots, dtype=torch.int32, device=dev)     # expert, first row, count
+    # expert, first row, count per slot; rows padded to 16 bytes, so that each row's pointer has the
+    # same alignment whatever N (Triton specializes a kernel on its pointers' 16-byte alignment)
+    slot_info = torch.empty(3, triton.cdiv(max_slots, 4) * 4, dtype=torch.int32, device=dev)
     num_slots = torch.empty(1, dtype=torch.int32, device=dev)
     act = torch.empty(P, F, dtype=x.dtype, device=dev)
     pair_out = torch.empty(P, H, dtype=torch.float32, device=dev)
     _moe_align_kernel[(1,)](chosen, sorted_pairs, slot_info[0], slot_info[1], slot_info[2], num_slots,
-                            P, R, K, KS, E, BLOCK_P=min(128, max(16, triton.next_power_of_2(P))),
-                            BLOCK_E=128, num_warps=8)
+                            P, R, K, KS, E, BLOCK_P=32 if P <= 32 else 128, BLOCK_E=128, num_warps=8)
     interp = interpreting()
     fp32_dot = x.dtype == torch.float32 or interp
-    n_bucket = triton.next_power_of_2(N)
+    up, down = (_UP_INTERPRET, _DOWN_INTERPRET) if interp else launch_config(H, x.dtype)
     common = (sorted_pairs, slot_info[0], slot_info[1], slot_info[2], num_slots)
-    _up[lambda m: (max_slots, triton.cdiv(F, m["BLOCK_F"]))](
-        x, w13, shared_w13 if S else w13, *common, act, H, F, R, KS, n_bucket,
-        BLOCK_M=BLOCK_M, FP32_DOT=fp32_dot, FIX_BF16=interp, **(_UP_INTERPRET if interp else {}))
-    _down[lambda m: (max_slots, triton.cdiv(H, m["BLOCK_H"]))](
-        act, w2, shared_w2 if S else w2, *common, weights, pair_out, H, F, R, n_bucket,
-        BLOCK_M=BLOCK_M, FP32_DOT=fp32_dot, **(_DOWN_INTERPRET if interp else {}))
+    _moe_up_kernel[(max_slots, triton.cdiv(F, up["BLOCK_F"]))](
+        x, w13, shared_w13 if S else w13, *common, act, H, F, R, KS,
+        BLOCK_M=BLOCK_M, FP32_DOT=fp32_dot, FIX_BF16=interp, EVEN_K=H % up["BLOCK_K"] == 0, **up)
+    _moe_down_kernel[(max_slots, triton.cdiv(H, down["BLOCK_H"]))](
+        act, w2, shared_w2 if S else w2, *common, weights, pair_out, H, F, R,
+        BLOCK_M=BLOCK_M, FP32_DOT=fp32_dot, EVEN_K=F % down["BLOCK_K"] == 0, **down)
     BLOCK_H = 256
     _moe_combine_kernel[(N, triton.cdiv(H, BLOCK_H))](pair_out, out, H, KS, BLOCK_J=triton.next_power_of_2(KS),
                                                        BLOCK_H=BLOCK_H, FIX_BF16=interp, num_warps=4)

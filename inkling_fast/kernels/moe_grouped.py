@@ -64,10 +64,10 @@ consecutive tiles for column tile n = 0, then the same tiles for n = 1, and so o
 expert are consecutive in the sorted order, so the programs in flight together read each weight
 tile of that expert from memory once, and the token rows of the group stay in L2 across its n.
 
-BLOCK_M is chosen from the expected tokens per routed expert, N * k / R (at least 16, at most 128):
-the tile is not an autotuning parameter because the sorted order depends on it. The GEMM kernels
-are autotuned on a GPU on the first call for each (H, F, BLOCK_M): warm up once before capturing a
-CUDA graph or timing.
+BLOCK_M is chosen from the expected tokens per routed expert, N * k / R (at least 16, at most 128;
+the sorted order depends on it). The other tiles follow from H, BLOCK_M and the dtype
+(`launch_config`; no autotuning), and the sizes that change with N (pairs, blocks, tiles, tokens) are
+runtime values: the kernels compile once per BLOCK_M the calls need.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot, interpreting, out_tensor, round_to
+from .common import dot, interpreting, out_tensor, pipeline_stages, round_to
 from .moe import check_experts, check_router_rows, pair_expert
 from .moe_router import moe_route, moe_route_torch
 
@@ -91,7 +91,7 @@ def block_m_for(N: int, top_k: int, R: int) -> int:
 
 
 # ----------------------------------------------------------------------------- sort by expert
-@triton.jit
+@triton.jit(do_not_specialize=["P", "n_blocks"])
 def _count_kernel(chosen_ptr, hist_ptr, P, R, TOP_K, KS, E, n_blocks,
                   BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr):
     b = tl.program_id(0)
@@ -103,7 +103,7 @@ def _count_kernel(chosen_ptr, hist_ptr, P, R, TOP_K, KS, E, n_blocks,
         tl.store(hist_ptr + e * n_blocks + b, cnt, mask=e < E)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_blocks", "n_tiles"])
 def _plan_kernel(hist_ptr, prefix_ptr, row_start_ptr, row_end_ptr, tile_expert_ptr, E, n_blocks, n_tiles,
                  BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr):
     e = tl.arange(0, BLOCK_E)                                            # every expert (BLOCK_E >= E)
@@ -129,7 +129,7 @@ def _plan_kernel(hist_ptr, prefix_ptr, row_start_ptr, row_end_ptr, tile_expert_p
         tl.store(tile_expert_ptr + t, expert, mask=t < n_tiles)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P", "n_blocks"])
 def _scatter_kernel(chosen_ptr, prefix_ptr, row_start_ptr, sorted_ptr, P, R, TOP_K, KS, E, n_blocks,
                     BLOCK_P: tl.constexpr):
     b = tl.program_id(0)
@@ -155,8 +155,7 @@ def _tile_order(pid, n_m, n_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
-@triton.heuristics({"EVEN_K": lambda a: a["H"] % a["BLOCK_K"] == 0})
-@triton.jit
+@triton.jit(do_not_specialize=["n_tiles"])
 def _grouped_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, tile_expert_ptr, row_end_ptr, act_ptr,
                        H, F, R, E, KS, n_tiles,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -197,8 +196,7 @@ def _grouped_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, tile_expert_ptr, ro
              round_to(act, act_ptr.dtype.element_ty, FIX_BF16), mask=f_ok[:, None] & r_ok[None, :])
 
 
-@triton.heuristics({"EVEN_K": lambda a: a["F"] % a["BLOCK_K"] == 0})
-@triton.jit
+@triton.jit(do_not_specialize=["n_tiles"])
 def _grouped_down_kernel(act_ptr, w2_ptr, sw2_ptr, sorted_ptr, tile_expert_ptr, row_end_ptr, weights_ptr,
                          pair_out_ptr, H, F, R, E, n_tiles,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -234,7 +232,7 @@ def _grouped_down_kernel(act_ptr, w2_ptr, sw2_ptr, sorted_ptr, tile_expert_ptr, 
              mask=h_ok[:, None] & r_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _combine_kernel(pair_out_ptr, y_ptr, N, H, KS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
                     FIX_BF16: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -247,29 +245,31 @@ def _combine_kernel(pair_out_ptr, y_ptr, N, H, KS: tl.constexpr, BLOCK_T: tl.con
              mask=ok)
 
 
-_UP_CONFIGS = [
-    triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 64, "BLOCK_K": 64}, num_warps=4, num_stages=5),
-    triton.Config({"BLOCK_N": 128, "BLOCK_K": 64}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 128, "BLOCK_K": 64}, num_warps=8, num_stages=4),
-    triton.Config({"BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_N": 64, "BLOCK_K": 32}, num_warps=4, num_stages=2),     # small (float32, BLOCK_M 128)
-]
-_DOWN_CONFIGS = [
-    triton.Config({"BLOCK_N": 128, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 128, "BLOCK_K": 64}, num_warps=4, num_stages=5),
-    triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 256, "BLOCK_K": 64}, num_warps=8, num_stages=4),
-    triton.Config({"BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_N": 128, "BLOCK_K": 64}, num_warps=8, num_stages=4),
-    triton.Config({"BLOCK_N": 64, "BLOCK_K": 32}, num_warps=4, num_stages=2),     # small (float32, BLOCK_M 128)
-]
-_KEY = ["H", "F", "BLOCK_M", "FP32_DOT"]  # (FIX_BF16 is off on a GPU)
-_up = _grouped_up_kernel if interpreting() else triton.autotune(configs=_UP_CONFIGS, key=_KEY)(_grouped_up_kernel)
-_down = _grouped_down_kernel if interpreting() else triton.autotune(configs=_DOWN_CONFIGS, key=_KEY)(_grouped_down_kernel)
-_UP_INTERPRET = dict(BLOCK_N=32, BLOCK_K=32, num_warps=4)
+_UP_INTERPRET = dict(BLOCK_N=32, BLOCK_K=32, num_warps=4)    # small tiles: tests span several
 _DOWN_INTERPRET = dict(BLOCK_N=32, BLOCK_K=32, num_warps=4)
+
+
+def launch_config(H: int, block_m: int, dtype: torch.dtype) -> tuple[dict, dict]:
+    """(up, down) launch parameters (BLOCK_N weight rows x BLOCK_K per step) for tiles of block_m token
+    rows. bf16/fp16 with few tokens per expert (block_m <= 32) or a small model (H <= 1024): 64 rows of
+    W13 (each of gate and up) and 128 of W2 (64 at H <= 1024) x 128, 4 warps, 4 stages; with many
+    (block_m >= 64, the GEMMs bound by their arithmetic) 128 and 256 rows x 64, 8 warps. float32 (exact
+    products on the FMA units): 64 x 32, 2 stages. Stages are capped so that every stage's tiles fit
+    shared memory."""
+    if dtype == torch.float32:
+        (n_up, k_up), (n_down, k_down), warps, stages = (64, 32), (64, 32), 4, 2
+    elif H <= 1024:
+        (n_up, k_up), (n_down, k_down), warps, stages = (64, 128), (64, 128), 4, 4
+    elif block_m <= 32:
+        (n_up, k_up), (n_down, k_down), warps, stages = (64, 128), (128, 128), 4, 4
+    else:
+        (n_up, k_up), (n_down, k_down), warps, stages = (128, 64), (256, 64), 8, 4
+    size = torch.finfo(dtype).bits // 8
+    up = dict(BLOCK_N=n_up, BLOCK_K=k_up, num_warps=warps,
+              num_stages=pipeline_stages(stages, (2 * n_up + block_m) * k_up * size))
+    down = dict(BLOCK_N=n_down, BLOCK_K=k_down, num_warps=warps,
+                num_stages=pipeline_stages(stages, (n_down + block_m) * k_down * size))
+    return up, down
 
 
 # ----------------------------------------------------------------------------- twins
@@ -332,30 +332,34 @@ def moe_grouped_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Te
     n_tiles = triton.cdiv(P + (min(R, N * K) + S) * (BM - 1), BM)
     n_blocks = triton.cdiv(P, SORT_BLOCK)
     dev = x.device
-    hist = torch.empty(2, E, n_blocks, dtype=torch.int32, device=dev)        # counts, then their prefixes
-    rows = torch.empty(2, E, dtype=torch.int32, device=dev)                  # row_start, row_end per expert
+    hist = torch.empty(E, n_blocks, dtype=torch.int32, device=dev)           # pairs per (expert, block)
+    prefix = torch.empty(E, n_blocks, dtype=torch.int32, device=dev)         # their prefixes over the blocks
+    row_start = torch.empty(E, dtype=torch.int32, device=dev)
+    row_end = torch.empty(E, dtype=torch.int32, device=dev)
     tile_expert = torch.empty(n_tiles, dtype=torch.int32, device=dev)
     sorted_pairs = torch.empty(n_tiles * BM, dtype=torch.int32, device=dev)
     act = torch.empty(n_tiles * BM, F, dtype=x.dtype, device=dev)
     pair_out = torch.empty(P, H, dtype=torch.float32, device=dev)
-    _count_kernel[(n_blocks,)](chosen, hist[0], P, R, K, KS, E, n_blocks, BLOCK_P=SORT_BLOCK,
+    _count_kernel[(n_blocks,)](chosen, hist, P, R, K, KS, E, n_blocks, BLOCK_P=SORT_BLOCK,
                                BLOCK_E=min(128, triton.next_power_of_2(E)), num_warps=4)
     BLOCK_E = triton.next_power_of_2(E)
     per_step = max(1, 8192 // BLOCK_E)                                     # [BLOCK_E, BLOCK_B] tiles of <= 8K
-    _plan_kernel[(1,)](hist[0], hist[1], rows[0], rows[1], tile_expert, E, n_blocks, n_tiles, BLOCK_M=BM,
-                       BLOCK_E=BLOCK_E, BLOCK_B=min(per_step, max(16, triton.next_power_of_2(n_blocks))),
-                       BLOCK_T=min(per_step, max(16, triton.next_power_of_2(n_tiles))), num_warps=8)
-    _scatter_kernel[(n_blocks,)](chosen, hist[1], rows[0], sorted_pairs, P, R, K, KS, E, n_blocks,
+    # two tile widths each (the engine's windows and verify passes fit the small ones): few compilations
+    _plan_kernel[(1,)](hist, prefix, row_start, row_end, tile_expert, E, n_blocks, n_tiles, BLOCK_M=BM,
+                       BLOCK_E=BLOCK_E, BLOCK_B=min(per_step, 16 if n_blocks <= 16 else 512),
+                       BLOCK_T=min(per_step, 64 if n_tiles <= 64 else 512), num_warps=8)
+    _scatter_kernel[(n_blocks,)](chosen, prefix, row_start, sorted_pairs, P, R, K, KS, E, n_blocks,
                                  BLOCK_P=SORT_BLOCK, num_warps=4)
     interp = interpreting()
     fp32_dot = x.dtype == torch.float32 or interp
+    up, down = (_UP_INTERPRET, _DOWN_INTERPRET) if interp else launch_config(H, BM, x.dtype)
     group_m = max(1, 512 // BM)
-    _up[lambda m: (n_tiles * triton.cdiv(F, m["BLOCK_N"]),)](
-        x, w13, shared_w13 if S else w13, sorted_pairs, tile_expert, rows[1], act, H, F, R, E, KS, n_tiles,
-        BLOCK_M=BM, GROUP_M=group_m, FP32_DOT=fp32_dot, FIX_BF16=interp, **(_UP_INTERPRET if interp else {}))
-    _down[lambda m: (n_tiles * triton.cdiv(H, m["BLOCK_N"]),)](
-        act, w2, shared_w2 if S else w2, sorted_pairs, tile_expert, rows[1], weights, pair_out, H, F, R, E, n_tiles,
-        BLOCK_M=BM, GROUP_M=group_m, FP32_DOT=fp32_dot, **(_DOWN_INTERPRET if interp else {}))
+    _grouped_up_kernel[(n_tiles * triton.cdiv(F, up["BLOCK_N"]),)](
+        x, w13, shared_w13 if S else w13, sorted_pairs, tile_expert, row_end, act, H, F, R, E, KS, n_tiles,
+        BLOCK_M=BM, GROUP_M=group_m, FP32_DOT=fp32_dot, FIX_BF16=interp, EVEN_K=H % up["BLOCK_K"] == 0, **up)
+    _grouped_down_kernel[(n_tiles * triton.cdiv(H, down["BLOCK_N"]),)](
+        act, w2, shared_w2 if S else w2, sorted_pairs, tile_expert, row_end, weights, pair_out, H, F, R, E, n_tiles,
+        BLOCK_M=BM, GROUP_M=group_m, FP32_DOT=fp32_dot, EVEN_K=F % down["BLOCK_K"] == 0, **down)
     BLOCK_T, BLOCK_H = 4, 256
     _combine_kernel[(triton.cdiv(N, BLOCK_T), triton.cdiv(H, BLOCK_H))](
         pair_out, out, N, H, KS=KS, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, FIX_BF16=interp, num_warps=4)

@@ -27,7 +27,7 @@ import triton.language as tl
 from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, dot, interpreting, need
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _router_logits_kernel(x_ptr, wg_ptr, z_ptr, N, H, E, H_SPLIT, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr):
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -47,7 +47,7 @@ def _router_logits_kernel(x_ptr, wg_ptr, z_ptr, N, H, E, H_SPLIT, BLOCK_E: tl.co
     tl.store(z_ptr + (split * N + n[None, :]) * E + e[:, None], acc, mask=e_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _router_select_kernel(z_ptr, bias_ptr, gscale_ptr, chosen_ptr, weights_ptr, N, R, S, route_scale,
                           SPLITS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_R: tl.constexpr, BLOCK_J: tl.constexpr):
@@ -139,7 +139,7 @@ def moe_route(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.T
     weights = torch.empty(N, top_k + S, dtype=torch.float32, device=x.device)
     if N == 0:
         return chosen, weights
-    BLOCK_N = min(64, max(16, triton.next_power_of_2(N)))
+    BLOCK_N = 16 if N <= 16 else 64       # two token tiles: one compilation for decode, one for more
     BLOCK_E = 16
     interp = interpreting()
     BLOCK_K = 128 if not interp else 32

@@ -55,7 +55,7 @@ def _embedding_piece(base, wb_ptr, o, m, ok, r1, dt: tl.constexpr):
     return _rounded_embedding(x, wb_ptr, o, m, r1, dt)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["ids_ptr"])
 def _mtp_input_kernel(h_ptr, ids_ptr, table_ptr, wh_ptr, wb_ptr, we_ptr, c_ptr, V, H, h_row, table_row,
                       c_row, eps, CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
     # One row per program, read in NCHUNK pieces of CHUNK lanes. One piece: a single pass. Several:

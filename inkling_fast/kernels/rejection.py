@@ -30,7 +30,7 @@ from .common import INDEX_DTYPES, PROB_DTYPES, check_kernel_device, check_tensor
 from .sampling import BLOCK_V, _inverse_cdf, sample_tokens_torch
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["K"])
 def _rejection_kernel(p_ptr, q_ptr, drafts_ptr, k_eff_ptr, ua_ptr, uf_ptr, a_ptr, next_ptr, emitted_ptr,
                       K, V, ua_s0, ua_s1, uf_s0,
                       HAS_Q: tl.constexpr, HAS_K_EFF: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):

@@ -111,7 +111,7 @@ def _inverse_cdf(p_row, q_row, MODE, d, u, V, BLOCK: tl.constexpr):
     return i, MODE
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["u_stride"], do_not_specialize_on_alignment=["u_ptr"])
 def _sample_kernel(p_ptr, u_ptr, out_ptr, V, u_stride, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     u = tl.load(u_ptr + row * u_stride).to(tl.float64)

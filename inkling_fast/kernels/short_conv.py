@@ -39,7 +39,7 @@ from .commit_rows import commit_rows
 from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, need, refuse_sync_in_capture
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "T"])
 def _short_conv_kernel(x_ptr, ring_ptr, w_ptr, slot_ptr, pos_ptr, res_ptr, out_ptr,
                        N, T, C, R, n_slots, sx_b, sx_t, sr_s, sr_r, sw_c, sw_k, sres_b, sres_t, so_b, so_t,
                        K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,

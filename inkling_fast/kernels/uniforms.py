@@ -24,7 +24,7 @@ import triton.language as tl
 from .common import check_kernel_device, check_tensor, need, out_tensor
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["seed_ptr", "counter_ptr"])
 def _philox_uniforms_kernel(seed_ptr, counter_ptr, out_ptr, n, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     seed = tl.load(seed_ptr + b)

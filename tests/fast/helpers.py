@@ -43,7 +43,7 @@ def randint(low: int, high: int, *shape, dtype=torch.float32, device="cpu", gen:
 
 
 def run_without_sync_then_capture(step) -> "torch.cuda.CUDAGraph":
-    """GPU only. Run `step()` (compiled and autotuned already) once under
+    """GPU only. Run `step()` (compiled already) once under
     torch.cuda.set_sync_debug_mode("error"), where any host synchronization inside raises, then capture
     it in a CUDA graph (capturing fails on a synchronization too) and return the graph to replay."""
     torch.cuda.synchronize()

@@ -197,7 +197,7 @@ def test_captured_in_a_cuda_graph_without_host_sync():
     h_static = randn(T, H, dtype=torch.bfloat16, device="cuda", gen=g)
     ids_static = torch.empty(T, dtype=torch.int64, device="cuda")
     vals_static = torch.empty(T, dtype=torch.float32, device="cuda")
-    lm_head_argmax(h_static, W, V_out, 16.0, ids_static, vals_static)        # compile + autotune
+    lm_head_argmax(h_static, W, V_out, 16.0, ids_static, vals_static)        # compile
     graph = run_without_sync_then_capture(lambda: lm_head_argmax(h_static, W, V_out, 16.0, ids_static, vals_static))
     for _ in range(3):
         h_static.copy_(randn(T, H, dtype=torch.bfloat16, device="cuda", gen=g))
