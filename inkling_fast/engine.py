@@ -78,6 +78,7 @@ from .kernels.common import interpreting
 from .kernels.sampling import sample_tokens, sampling_probs
 from .kernels.uniforms import philox_uniforms
 from .prefill_plan import default_prefill_lengths, plan_prefill_pass
+from .warmup import SetupReport, warmup
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PASS_META = ("slot", "start", "length", "prompt_len", "stop", "eos", "seed", "last")  # prefill row columns
@@ -180,6 +181,10 @@ class Engine:
     prefill_tokens: the token budget of one prefill pass (batch rows x chunk length, padding included);
     prefill_lengths: its chunk lengths (default 16, 32, ... up to the budget, `default_prefill_lengths`).
     overlap: generate's default loop (True: the next step is launched before the last one is booked).
+
+    Setup: the first call of a new shape builds Triton kernel specializations (seconds each from an
+    empty Triton cache, milliseconds from a warm one) and captures CUDA graphs; `warmup(prompt_ids,
+    **generate_kwargs)` pays that up front and says what it cost (warmup.py).
     """
 
     def __init__(self, checkpoint_or_model, max_batch_size: int, max_seq_len: int, num_speculative_tokens: int,
@@ -657,6 +662,13 @@ class Engine:
                         self.k, "{k_arg} is beyond this engine's {depths} loaded MTP depths (built with "
                                 "num_speculative_tokens={depths})")
         validate(limits, prompts, max_new_tokens, k, draft_sampling, seed, eos_token_id)
+
+    def warmup(self, prompt_ids, **generate_kwargs) -> "SetupReport":
+        """Pay a request's setup up front: run `generate(prompt_ids, **generate_kwargs)` once and discard
+        it, so the kernels and CUDA graphs those shapes need exist (warmup.py). Returns its SetupReport
+        (seconds, kernel specializations built, graphs captured); a later call with the same shapes
+        builds and captures nothing."""
+        return warmup(self, prompt_ids, **generate_kwargs)
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int | list[int], num_speculative_tokens: int | None = None,

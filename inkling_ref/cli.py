@@ -190,11 +190,14 @@ def _count(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
 
 
-def report(result, k: int, engine: str, dtype: str) -> str:
-    """The statistics under the continuation, each term said in plain words (see GLOSSARY)."""
+def report(result, k: int, engine: str, dtype: str, setup=None) -> str:
+    """The statistics under the continuation, each term said in plain words (see GLOSSARY). setup: the
+    fast engine's SetupReport (kernels built and graphs captured by a first run of the same request),
+    reported apart from the timed run."""
     new, s = result.token_ids[0], result.stats
     where = "the fast engine (GPU)" if engine == "fast" else "the reference (CPU)"
-    lines = [f"--- {len(new)} new tokens in {result.elapsed_s:.2f} s ({len(new) / result.elapsed_s:.1f} tokens/s) "
+    lines = [] if setup is None else [f"--- {setup}, then the timed run:"]
+    lines += [f"--- {len(new)} new tokens in {result.elapsed_s:.2f} s ({len(new) / result.elapsed_s:.1f} tokens/s) "
              f"on {where}, {dtype}, k = {k}"]
     cycles = [c for seq in result.cycles for c in seq]
     if k == 0:
@@ -234,12 +237,14 @@ def run_generate(args) -> int:
     model = load_checkpoint(path, dtype=getattr(torch, args.dtype), num_mtp_depths=k)
     options = dict(max_new_tokens=args.max_new_tokens, num_speculative_tokens=k, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_id=model.config.eos_token_id)
+    setup = None
     if engine == "fast":
         from inkling_fast import Engine  # imported only here: inkling_ref never depends on inkling_fast
 
         max_seq_len = max(2, min(len(prompt) + args.max_new_tokens, model.config.max_position_embeddings))
         fast = Engine(model, max_batch_size=1, max_seq_len=max_seq_len, num_speculative_tokens=k,
                       dtype=getattr(torch, args.dtype))
+        setup = fast.warmup(prompt, **options)      # compile + capture for exactly this request's shapes
         result = fast.generate(prompt, **options)
     else:
         from .generation import generate
@@ -250,7 +255,7 @@ def run_generate(args) -> int:
         print(tokenizer.decode(prompt + new, skip_special_tokens=False))
     else:
         print(" ".join(map(str, new)))
-    print("\n" + report(result, k, engine, args.dtype), file=sys.stderr)
+    print("\n" + report(result, k, engine, args.dtype, setup), file=sys.stderr)
     return 0
 
 

@@ -127,3 +127,6 @@ def test_engine_fast_prints_the_reference_continuation(ckpt, capsys):
     want = generate(load_checkpoint(ckpt), [3, 17, 5], max_new_tokens=12, num_speculative_tokens=3).token_ids[0]
     assert [int(t) for t in out.split()] == want
     assert "acceptance length" in err
+    # setup (kernels built, graphs captured by a first run of the same request) is reported apart
+    setup = next(line for line in err.splitlines() if line.startswith("--- setup "))
+    assert "graphs captured: 2" in setup and "kernels compiled: " in setup, setup
