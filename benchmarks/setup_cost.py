@@ -139,7 +139,8 @@ def time_cli(src: Path, engine: str, cache: Path) -> dict:
     s = time.perf_counter()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - s
-    return dict(engine=engine, wall_s=wall, rc=p.returncode, stderr_tail=p.stderr.strip().splitlines()[-3:])
+    lines = [line for line in p.stderr.splitlines() if line.startswith("---")] or p.stderr.strip().splitlines()[-3:]
+    return dict(engine=engine, wall_s=wall, rc=p.returncode, stderr_tail=lines)
 
 
 def main(argv: list[str]) -> None:
