@@ -2,7 +2,7 @@
 # Every GPU check of the project in one device call, in parallel groups (one GPU, 16 CPU cores):
 #   bash scripts/gpu_checks.sh OUT_DIR
 #   GPU_CHECKS_GROUPS="fast1 attention" bash scripts/gpu_checks.sh OUT_DIR   # only some groups
-# Groups: attention fast3 fast1 engine engine_bf16 engine_graphs cli reference sanitizer notebooks
+# Groups: attention fast3 fast1 many engine engine_bf16 engine_graphs engine_more cli reference sanitizer notebooks
 # (default: all; the engine tests run as three groups, the longest ones on their own).
 # Writes OUT_DIR/<group>.log per group, OUT_DIR/summary.txt (the last lines of each log) and the page
 # of the run, docs/benchmarks/gpu_checks.md (date, GPU, commit, passed / failed / skipped per group),
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 T=${GPU_CHECKS_TIMEOUT:-540}
 
-ALL_GROUPS="attention fast3 fast1 engine engine_bf16 engine_graphs cli reference sanitizer notebooks"
+ALL_GROUPS="attention fast3 fast1 many engine engine_bf16 engine_graphs engine_more cli reference sanitizer notebooks"
 GROUPS_WANTED=" ${GPU_CHECKS_GROUPS:-$ALL_GROUPS} "
 
 run() {  # run NAME THREADS CMD...
@@ -33,6 +33,10 @@ run fast3     2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_lm_hea
 run fast1     2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_embed_norm.py \
                  tests/fast/test_mtp_input.py tests/fast/test_rms_norm.py tests/fast/test_swiglu.py \
                  tests/fast/test_short_conv.py
+run many      2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_moe_grouped.py \
+                 tests/fast/test_lm_head_rows.py tests/fast/test_many_token_paths.py
+run engine_more 2 python3 -m pytest -q -p no:cacheprovider tests/fast/test_compile_count.py \
+                 tests/fast/test_warmup.py tests/fast/test_engine_draft_distribution.py
 ENGINE_LONG="bf16_equals or host_sync or device_uniforms or result_copies"
 run engine    2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "not ($ENGINE_LONG)"
 run engine_bf16   2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "bf16_equals"
