@@ -42,7 +42,8 @@ run engine    2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine
 run engine_bf16   2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "bf16_equals"
 run engine_graphs 2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "host_sync or device_uniforms or result_copies"
 run cli       2  python3 -m pytest -q -p no:cacheprovider tests/test_cli.py
-run reference 4  python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/fast --ignore=tests/test_cli.py
+# the reference's GPU tests (its CPU tests are what CI runs)
+run reference 4  python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/fast --ignore=tests/test_cli.py
 run sanitizer 1  compute-sanitizer --tool memcheck python3 scripts/sanitize_engine.py
 if [ -d .whl ] && [[ "$GROUPS_WANTED" == *" notebooks "* ]]; then
   ( python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
