@@ -1,7 +1,8 @@
 """What the fast engine compiles and captures: Triton kernel compilations and CUDA-graph captures of a
 batch-1 greedy `Engine.generate` (float32, as the CLI runs it) and a batch-8 sampled one (bf16) on tiny
 random models. A second call with the same shapes must compile nothing and capture nothing; the first
-compiles each kernel at most once per distinct set of compile-time constants the call needs.
+compiles each kernel at most once per distinct set of compile-time constants the call needs, and captures
+one graph per prefill-pass shape and per cycle batch size it runs.
 
 GPU only: under the CPU interpreter (CI) no kernel is compiled, so there is nothing to count.
 
@@ -9,7 +10,14 @@ A kernel is compiled once per *specialization*: its constexpr arguments, and Tri
 others (an integer equal to 1, divisible by 16, or neither; a pointer 16-byte aligned or not). Sizes that
 change from call to call (row, token, pair and batch counts) are runtime arguments of the kernels
 (`do_not_specialize`), so a kernel's specializations follow from the model and from a few tile choices
-of its wrapper. The bounds below count those choices, kernel by kernel, from the wrappers' launch code.
+of its wrapper. The bounds below count those choices, kernel by kernel, from the wrappers' launch code
+and the shapes the call runs, which come from the engine's own plan:
+
+    prefill pass (B, T)   plan_prefill_pass over the prompts: the trunk and every depth over B x T tokens
+                          (padding rows and tokens included), the first token x_L over B rows
+    cycle at batch B      every depth over a window of B x (k+1) tokens, the drafts' LM head over B rows,
+                          the verify over B x (k+1) tokens (greedy: and its LM head over as many rows)
+
 The models' widths are multiples of 16, as every Inkling model's: strides and element counts that scale
 with the rows then keep one divisibility class.
 """
@@ -25,14 +33,18 @@ import triton
 from test_engine import agreeable_model, engine_config
 
 from inkling_fast import Engine, forward
+from inkling_fast.kernels import lm_head_rows, mtp_input, short_conv
+from inkling_fast.kernels.attention_decode import MIN_SPLIT_KEYS
+from inkling_fast.kernels.lm_head_argmax import MAX_BLOCK_T
+from inkling_fast.kernels.moe import MAX_TOKENS
 from inkling_fast.kernels.moe_grouped import block_m_for
+from inkling_fast.prefill_plan import plan_prefill_pass
 
 GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(),
                               reason="counts Triton compilations: under the CPU interpreter nothing is compiled")
 K = 4                  # drafts per cycle (the README's --k 4)
 PAIR_TILE = 32         # moe.moe_experts: one pair tile up to 32 (token, expert) pairs, a wider one above
 ROUTER_TILE = 16       # moe_router.moe_route: one token tile up to 16 tokens, a wider one above
-DECODE_ROWS = 64       # mtp_input.launch_config: one configuration up to 64 rows
 
 
 def tiny_model(dtype):
@@ -40,62 +52,109 @@ def tiny_model(dtype):
     return agreeable_model(engine_config(d_rel=8, dense_intermediate_size=32), seed=11, dtype=dtype)
 
 
-def attention_kinds(engine: Engine) -> tuple[int, int, int]:
-    """(global/sliding kinds, (window, log-tau) kinds, distinct widths the commit_rows kernel copies) over
-    the trunk's and the depths' attention layers: the attention kernels' constexprs are per (head shape,
-    window) kind, attention_prep's also per log-tau; commit_rows copies K/V rows (nKV * hd) and the conv
-    inputs of the residual stream (H)."""
-    attn = [b.attn for b in engine.W.blocks] + [d.block.attn for d in engine.W.depths]
-    shapes = {(a.num_heads, a.num_kv_heads, a.head_dim, a.window is None) for a in attn}
-    prep = {(a.num_heads, a.num_kv_heads, a.head_dim, a.window is None, a.log_tau is None) for a in attn}
-    widths = {a.num_kv_heads * a.head_dim for a in attn} | {engine.config.hidden_size}
-    return len(shapes), len(prep), len(widths)
+def prefill_passes(engine: Engine, prompt_lengths: list[int]) -> list[tuple[int, int]]:
+    """(B, T) of every prefill pass `generate` runs for prompts of these lengths, in order: the engine's
+    own plan (prefill_plan.plan_prefill_pass), with every prompt admitted at once."""
+    assert len(prompt_lengths) <= engine.max_batch_size, "more prompts than slots: admissions would interleave"
+    remaining, passes = list(prompt_lengths), []
+    while remaining:
+        rows, T, B = plan_prefill_pass(remaining, engine.prefill_lengths, engine.batch_sizes,
+                                       engine.prefill_tokens)
+        passes.append((B, T))
+        remaining = [r - T for r in remaining[:rows] if r > T] + remaining[rows:]
+    return passes
 
 
-def head_tile(rows: int) -> int:
-    """lm_head_argmax's row tile (BLOCK_T, a constexpr) for this many rows."""
-    return min(64, max(16, triton.next_power_of_2(rows)))
+def cycle_sizes(engine: Engine, num_prompts: int) -> list[int]:
+    """The batch sizes a cycle may run at: sequences finish at different cycles, so any captured size up
+    to the one that holds every prompt."""
+    return [b for b in engine.batch_sizes if b <= engine.batch_size_for(num_prompts)]
 
 
-def bounds(engine: Engine, prompt_lengths: list[int], batch_sizes: list[int], greedy: bool) -> dict[str, int]:
-    """Per kernel, the most specializations one `generate` can compile: prompts of these lengths (each
-    prefilled in one chunk, below MANY_TOKENS), cycles at these batch sizes, drafts picked greedily."""
-    kinds, prep_kinds, widths = attention_kinds(engine)
+def attention_layers(engine: Engine) -> list[tuple]:
+    """Per attention layer of the trunk and the depths: (attention kind, prep kind, K/V width, max keys).
+    The attention kernels' constexprs and integer classes are per kind (head shape, window and cache
+    rows), attention_prep's also per log-tau; commit_rows copies K/V rows of nKV * hd; a window or
+    verify attends to at most `max keys` (attention_decode: the split-KV choice)."""
+    out = []
+    layers = [(b.attn, c) for b, c in zip(engine.W.blocks, engine.trunk_caches)] + \
+             [(d.block.attn, c) for d, c in zip(engine.W.depths, engine.depth_caches)]
+    for a, cache in layers:
+        cap = cache.k.shape[1]
+        kind = (a.num_heads, a.num_kv_heads, a.head_dim, a.window, cap)
+        max_keys = cap if a.window is None else min(cap, a.window + engine.k)     # window + T - 1, T = k + 1
+        out.append((kind, kind + (a.log_tau is None,), a.num_kv_heads * a.head_dim, max_keys))
+    return out
+
+
+def bounds(engine: Engine, prompt_lengths: list[int], greedy: bool) -> dict[str, int]:
+    """Per kernel, the most specializations one `generate` of prompts of these lengths can compile
+    (drafts picked greedily, device uniforms)."""
+    k, H, dtype = engine.k, engine.config.hidden_size, engine.dtype
+    passes = prefill_passes(engine, prompt_lengths)
+    cycles = cycle_sizes(engine, len(prompt_lengths))
+    pass_tokens = [B * T for B, T in passes]                   # the trunk and every depth over the pass
+    window_tokens = [B * (k + 1) for B in cycles]              # each depth's window, the verify
+    tokens = pass_tokens + window_tokens
     moe = engine.W.blocks[-1].mlp
     pairs_per_token = moe.top_k + moe.shared_w13.shape[0]
-    depth_rows = [L - 1 - K for L in prompt_lengths if L - 1 - K > 0]      # the depths' prefill rows
-    window_tokens = [B * (K + 1) for B in batch_sizes]                       # each depth's window, the verify
-    few = [n for n in prompt_lengths + depth_rows + window_tokens if n < forward.MANY_TOKENS]
-    many = sorted({n for n in window_tokens if n >= forward.MANY_TOKENS})
-    assert max(prompt_lengths) < min(forward.MANY_TOKENS, engine.prefill_chunk)
-    assert max(depth_rows + window_tokens) <= DECODE_ROWS
-    head_rows = list(batch_sizes) + ([1] + window_tokens if greedy else [])  # drafts (+ first token, verify)
-    assert max(head_rows) < forward.MANY_ROWS
+    many = [n for n in tokens if n >= forward.MANY_TOKENS or n > MAX_TOKENS]  # forward.mlp_forward's choice
+    few = [n for n in tokens if n not in many]
+    head_rows = list(cycles) + ([B for B, _ in passes] + window_tokens if greedy else [])  # drafts (+ x_L, verify)
+    rows_head = [r for r in head_rows if r >= forward.MANY_ROWS]
+    argmax_head = [r for r in head_rows if r < forward.MANY_ROWS]
+
+    rings = [c.attn_ring.shape[1] for c in engine.trunk_caches + engine.depth_caches] + \
+            [c.mlp_ring.shape[1] for c in engine.trunk_caches + engine.depth_caches]
+    conv_k = engine.config.conv_kernel_size
+    # WRITE: whether a call's rows write the ring as they go (windows) or commit_rows copies them after
+    conv_writes = {short_conv.writes_as_it_goes(T, conv_k, R) for T in [T for _, T in passes] + [k + 1]
+                   for R in set(rings)}
+    layers = attention_layers(engine)
+    kinds = {kind for kind, _, _, _ in layers}
+    prep_kinds = {prep for _, prep, _, _ in layers}
+    # a window splits over the keys only if some layer has more than MIN_SPLIT_KEYS keys to read
+    split_kinds = {kind for kind, _, _, max_keys in layers if max_keys > MIN_SPLIT_KEYS}
+    copied = {w for _, _, w, _ in layers} | ({H} if False in conv_writes else set())   # commit_rows widths
+
     b = dict(
         _embed_norm_kernel=1, _rms_norm_kernel=1, _swiglu_kernel=1,     # constexprs of the model only
-        _mtp_input_kernel=1,                                            # every call <= DECODE_ROWS rows
-        _short_conv_kernel=2,                 # WRITE: windows write the ring as they go, prefill chunks after
-        _commit_rows_kernel=widths,           # BLOCK_C from the width copied
-        _prep_kernel=2 * prep_kinds,          # per kind: prefill (flat K/V) and windows (into the caches)
-        # per kind: prefill, and windows split over the keys or not (a choice per batch size)
-        _attention_kernel=kinds * (1 + min(2, len(batch_sizes))),
-        _merge_kernel=kinds * len(batch_sizes),                          # BLOCK_S from the split count
-        _router_logits_kernel=len({n <= ROUTER_TILE for n in few + many}),   # two token tiles
+        _mtp_input_kernel=len({mtp_input.launch_config(H, n) for n in tokens}),
+        _short_conv_kernel=len(conv_writes),
+        _commit_rows_kernel=len({min(1024, triton.next_power_of_2(w)) for w in copied}),   # BLOCK_C
+        _prep_kernel=2 * len(prep_kinds),    # per kind: prefill passes (flat K/V) and windows (into the caches)
+        # per kind: prefill passes, and windows split over the keys or not (a choice per batch size)
+        _attention_kernel=len(kinds) + len(kinds - split_kinds) + len(split_kinds) * min(2, len(cycles)),
+        _router_logits_kernel=len({n <= ROUTER_TILE for n in tokens}),       # two token tiles
         _router_select_kernel=1,
-        _moe_align_kernel=len({n * pairs_per_token <= PAIR_TILE for n in few}),   # two pair tiles
-        _moe_up_kernel=1, _moe_down_kernel=1, _moe_combine_kernel=1,
-        _lm_head_partial_kernel=len({head_tile(r) for r in head_rows}),
-        _lm_head_reduce_kernel=1,
     )
+    if split_kinds:
+        b.update(_merge_kernel=len(split_kinds) * len(cycles))           # BLOCK_S from the split count
+    if few:             # the few-token MoE: two pair tiles
+        b.update(_moe_align_kernel=len({n * pairs_per_token <= PAIR_TILE for n in few}),
+                 _moe_up_kernel=1, _moe_down_kernel=1, _moe_combine_kernel=1)
     if many:            # the grouped MoE: its GEMMs per BLOCK_M, its plan per token count (two tile widths)
         n_bm = len({block_m_for(n, moe.top_k, moe.w13.shape[0]) for n in many})
-        b.update(_count_kernel=1, _scatter_kernel=1, _combine_kernel=1, _plan_kernel=len(many),
+        b.update(_count_kernel=1, _scatter_kernel=1, _combine_kernel=1, _plan_kernel=len(set(many)),
                  _grouped_up_kernel=n_bm, _grouped_down_kernel=n_bm)
+    if argmax_head:     # BLOCK_T: the rows rounded up to a power of two in 16..MAX_BLOCK_T
+        b.update(_lm_head_partial_kernel=len({min(MAX_BLOCK_T, max(16, triton.next_power_of_2(r)))
+                                              for r in argmax_head}))
+    if rows_head:       # its tiles by rule from the rows and the dtype
+        b.update(_lm_head_rows_kernel=len({tuple(sorted(lm_head_rows.launch_config(r, dtype).items()))
+                                           for r in rows_head}))
+    b.update(_lm_head_reduce_kernel=1)
     if greedy:
         b.update(_greedy_accept_kernel=1)
-    else:               # uniforms (BLOCK 16 for 1 and 2k+1 <= 16 draws), the first token, the acceptance
+    else:               # uniforms (BLOCK 16 for x_L's 1 and a cycle's 2k+1 <= 16 draws), x_L, the acceptance
+        assert 2 * k + 1 <= 16
         b.update(_philox_uniforms_kernel=1, _sample_kernel=1, _rejection_kernel=1)
     return b
+
+
+def max_captures(engine: Engine, prompt_lengths: list[int]) -> int:
+    """One CUDA graph per distinct prefill-pass shape and per cycle batch size the call may run."""
+    return len(set(prefill_passes(engine, prompt_lengths))) + len(cycle_sizes(engine, len(prompt_lengths)))
 
 
 class Counter:
@@ -131,14 +190,20 @@ class Counter:
         return out
 
 
-def check_first_and_second(counter: Counter, run, limits: dict[str, int], max_captures: int) -> None:
+def check_first_and_second(counter: Counter, engine: Engine, run, prompt_lengths: list[int], greedy: bool) -> None:
+    limits = bounds(engine, prompt_lengths, greedy)
+    passes = set(prefill_passes(engine, prompt_lengths))
     run()
     compiled, captured = counter.take()
-    print(f"\nfirst call: {sum(compiled.values())} compilations ({counter.seconds:.1f} s), {captured} captures: "
-          f"{dict(sorted(compiled.items()))}")
+    print(f"\nfirst call: {sum(compiled.values())} compilations ({counter.seconds:.1f} s), {captured} captures "
+          f"{sorted(engine.graphs, key=str)}: {dict(sorted(compiled.items()))}\nbounds: {dict(sorted(limits.items()))}")
     over = {n: (c, limits.get(n, 0)) for n, c in compiled.items() if c > limits.get(n, 0)}
     assert not over, f"kernels compiled more often than the call needs (count, bound): {over}"
-    assert 1 <= captured <= max_captures
+    ran = {key[1:3] for key in engine.graphs if key[0] == "prefill"}
+    cycled = {key[1] for key in engine.graphs if key[0] == "cycle"}
+    assert ran == passes, f"prefill passes captured {sorted(ran)}, the engine's plan gives {sorted(passes)}"
+    assert cycled and cycled <= set(cycle_sizes(engine, len(prompt_lengths))), f"cycles captured at {cycled}"
+    assert captured == len(engine.graphs) <= max_captures(engine, prompt_lengths)
     run()
     compiled, captured = counter.take()
     assert compiled == {} and captured == 0, f"the second call compiled {compiled} and captured {captured} graphs"
@@ -147,30 +212,33 @@ def check_first_and_second(counter: Counter, run, limits: dict[str, int], max_ca
 @pytest.mark.gpu
 @GPU_ONLY
 def test_batch1_greedy_compiles_once(monkeypatch):
-    """The README's shape: one prompt, greedy, k = 4, float32. The prompt has k + 2 tokens, so the depths'
-    prefill runs over a single row (an integer argument equal to 1 would be its own specialization)."""
-    engine = Engine(tiny_model(torch.float32), max_batch_size=1, max_seq_len=32, num_speculative_tokens=K,
-                    dtype=torch.float32)
-    prompt = [1, 2, 3, 4, 0, 2][: K + 2]
+    """The README's shape: one prompt, greedy, k = 4, float32, with a prefill budget of 40 tokens below
+    the prompt's 45: the prompt is prefilled in two passes of one row, 40 tokens then 5 padded to 16 (the
+    kernels see a token count divisible by 16 and one that is not: each would be its own specialization
+    were it not a runtime argument), then cycles at batch 1 (the drafts' LM head over a single row: an
+    integer equal to 1 would be its own specialization too)."""
+    engine = Engine(tiny_model(torch.float32), max_batch_size=1, max_seq_len=64, num_speculative_tokens=K,
+                    dtype=torch.float32, prefill_tokens=40)
+    prompt = [(3 * j + 1) % 5 for j in range(45)]
     counter = Counter(monkeypatch)
-    limits = bounds(engine, [len(prompt)], [1], greedy=True)
-    check_first_and_second(counter, lambda: engine.generate([prompt], max_new_tokens=12), limits, max_captures=1)
+    check_first_and_second(counter, engine, lambda: engine.generate([prompt], max_new_tokens=12), [len(prompt)],
+                           greedy=True)
 
 
 @pytest.mark.gpu
 @GPU_ONLY
 def test_batch8_sampled_compiles_once(monkeypatch):
     """Eight prompts of 1 to 23 tokens (one of 16: an integer divisible by 16 would be its own
-    specialization), sampled at temperature 0.8 with top-p 0.9, bf16. Sequences finish at different cycles,
-    so the cycle may run (and be captured) at batch 8, 4, 2 and 1."""
+    specialization), sampled at temperature 0.8 with top-p 0.9, bf16. The prompts share one prefill pass
+    of 8 rows, whose tokens reach the grouped MoE; sequences finish at different cycles, so the cycle may
+    run (and be captured) at batch 8, 4, 2 and 1."""
     engine = Engine(tiny_model(torch.bfloat16), max_batch_size=8, max_seq_len=48, num_speculative_tokens=K,
                     dtype=torch.bfloat16)
     lengths = [1, 3, 6, 9, 12, 16, 17, 23]
     prompts = [[(7 * i + j) % 5 for j in range(L)] for i, L in enumerate(lengths)]
     counter = Counter(monkeypatch)
-    limits = bounds(engine, lengths, engine.batch_sizes, greedy=False)
 
     def run():
         engine.generate(prompts, max_new_tokens=16, temperature=0.8, top_p=0.9, seed=3)
 
-    check_first_and_second(counter, run, limits, max_captures=len(engine.batch_sizes))
+    check_first_and_second(counter, engine, run, lengths, greedy=False)
