@@ -158,7 +158,7 @@ def main(argv: list[str]) -> None:
     src, out = Path(args.src).resolve(), Path(args.out or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
     res = dict(src=str(src), scenarios=[], cli=[])
-    for workload in args.workloads.split(","):
+    for workload in [w for w in args.workloads.split(",") if w]:
         cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
         for state in ("cold", "warm"):
             r = run_child(src, workload, cache)
