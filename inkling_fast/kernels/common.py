@@ -1,4 +1,4 @@
-"""What every kernel module shares: the interpreter flag, dtype sets, three small Triton helpers and
+"""What every kernel module shares: the interpreter flag, dtype sets, six small Triton helpers and
 the argument checks of the wrappers.
 
     interpreting()                     Triton runs kernels on the CPU (TRITON_INTERPRET), as Triton reads it
@@ -6,6 +6,9 @@ the argument checks of the wrappers.
     round_to(x, dtype, FIX_BF16)       @triton.jit: x.to(dtype) rounded to nearest even, also in the interpreter
     both(mask, flag)                   @triton.jit: a vector mask AND a scalar flag
     dot(a, b, acc, FP32_DOT)           @triton.jit: acc + a @ b with float32 accumulation
+    k_tile_masks(...)                  @triton.jit: the load masks of one K tile of A and of B
+    k_loop(acc, a_ptrs, b_ptrs, ...)   @triton.jit: acc + A @ B over a whole K axis, tile by tile, masked
+    k_loop_pair(...)                   @triton.jit: the same for two A operands that share one B
     pipeline_stages(stages, nbytes)    num_stages of a K loop, capped so its buffers fit shared memory
     need(ok, msg)                      raise ValueError(msg) unless ok
     check_tensor(name, t, ...)         one clear ValueError naming the argument and what would be valid
@@ -72,6 +75,49 @@ def dot(a, b, acc, FP32_DOT: tl.constexpr):
     else:
         acc = tl.dot(a, b, acc)
     return acc
+
+
+@triton.jit
+def k_tile_masks(a_ok, b_ok, kk, k0, K, EVEN_K: tl.constexpr):
+    """Load masks of the K tile starting at k0: A's [M, BLOCK_K] (rows a_ok) and B's [BLOCK_K, N]
+    (columns b_ok); EVEN_K (K % BLOCK_K == 0) leaves out the K bound, which every tile then meets."""
+    if EVEN_K:
+        a_mask = a_ok[:, None]
+        b_mask = b_ok[None, :]
+    else:
+        k_ok = (k0 + kk) < K
+        a_mask = a_ok[:, None] & k_ok[None, :]
+        b_mask = k_ok[:, None] & b_ok[None, :]
+    return a_mask, b_mask
+
+
+@triton.jit
+def k_loop(acc, a_ptrs, b_ptrs, a_ok, b_ok, kk, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+           FP32_DOT: tl.constexpr):
+    """acc [M, N] + A [M, K] @ B [K, N], BLOCK_K columns of K at a time: the K loop of every matmul
+    kernel here. a_ptrs [M, BLOCK_K] and b_ptrs [BLOCK_K, N] address the first K tile, with K at
+    stride 1 in both, so tile k0 is `ptrs + k0`; kk = tl.arange(0, BLOCK_K). Rows of A outside a_ok,
+    columns of B outside b_ok and K beyond K load as 0."""
+    for k0 in range(0, K, BLOCK_K):
+        a_mask, b_mask = k_tile_masks(a_ok, b_ok, kk, k0, K, EVEN_K)
+        a = tl.load(a_ptrs + k0, mask=a_mask, other=0.0)
+        acc = dot(a, tl.load(b_ptrs + k0, mask=b_mask, other=0.0), acc, FP32_DOT)
+    return acc
+
+
+@triton.jit
+def k_loop_pair(acc1, acc2, a1_ptrs, a2_ptrs, b_ptrs, a_ok, b_ok, kk, K, BLOCK_K: tl.constexpr,
+                EVEN_K: tl.constexpr, FP32_DOT: tl.constexpr):
+    """`k_loop` for two A operands with the same rows and one shared B (the gate and up projections
+    of a SwiGLU over the same tokens): each B tile is loaded once for both products."""
+    for k0 in range(0, K, BLOCK_K):
+        a_mask, b_mask = k_tile_masks(a_ok, b_ok, kk, k0, K, EVEN_K)
+        a1 = tl.load(a1_ptrs + k0, mask=a_mask, other=0.0)
+        a2 = tl.load(a2_ptrs + k0, mask=a_mask, other=0.0)
+        b = tl.load(b_ptrs + k0, mask=b_mask, other=0.0)
+        acc1 = dot(a1, b, acc1, FP32_DOT)
+        acc2 = dot(a2, b, acc2, FP32_DOT)
+    return acc1, acc2
 
 
 # ----------------------------------------------------------------------------------------------- launch configs

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (FLOAT_DTYPES, check_kernel_device, check_tensor, dot, interpreting, need, out_tensor,
+from .common import (FLOAT_DTYPES, check_kernel_device, check_tensor, interpreting, k_loop, need, out_tensor,
                      pipeline_stages)
 
 GROUP = 64            # ids per partial (max, argmax) entry
@@ -54,15 +54,7 @@ def _lm_head_partial_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_gro
     w_ptrs = w_ptr + v[:, None].to(tl.int64) * H + kk[None, :]        # [BLOCK_V, BLOCK_K]
     h_ptrs = h_ptr + t[None, :].to(tl.int64) * H + kk[:, None]        # [BLOCK_K, BLOCK_T] = h^T
     acc = tl.zeros([BLOCK_V, BLOCK_T], dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        if EVEN_K:
-            w = tl.load(w_ptrs + k0, mask=v_ok[:, None], other=0.0)
-            ht = tl.load(h_ptrs + k0, mask=t_ok[None, :], other=0.0)
-        else:
-            k_ok = (k0 + kk) < H
-            w = tl.load(w_ptrs + k0, mask=v_ok[:, None] & k_ok[None, :], other=0.0)
-            ht = tl.load(h_ptrs + k0, mask=k_ok[:, None] & t_ok[None, :], other=0.0)
-        acc = dot(w, ht, acc, FP32_DOT)
+    acc = k_loop(acc, w_ptrs, h_ptrs, v_ok, t_ok, kk, H, BLOCK_K, EVEN_K, FP32_DOT)
     # per group of 64 ids: the maximum and the lowest id that reaches it (ids >= V_out never win)
     scores = tl.where(v_ok[:, None], acc, float("-inf"))
     scores = tl.reshape(scores, [G, 64, BLOCK_T])
@@ -162,6 +154,20 @@ def check_lm_head(h, weight, vocab_out, mup) -> tuple[int, int, int]:
     return T, H, V_out
 
 
+def lm_head_buffers(h: torch.Tensor, V_out: int, ids_out: torch.Tensor | None, vals_out: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, ...]:
+    """The results (ids int64 [T], vals float32 [T]: the given buffers checked, or new ones) and the
+    partials a partial kernel writes, the maximum and its id per GROUP ids of each row (pmax float32,
+    pidx int32, [T, ceil(V_out / GROUP)])."""
+    T = h.shape[0]
+    ids = out_tensor("ids_out", ids_out, (T,), torch.int64, h.device)
+    vals = out_tensor("vals_out", vals_out, (T,), torch.float32, h.device)
+    n_groups = triton.cdiv(V_out, GROUP)
+    pmax = torch.empty(T, n_groups, dtype=torch.float32, device=h.device)
+    pidx = torch.empty(T, n_groups, dtype=torch.int32, device=h.device)
+    return ids, vals, pmax, pidx
+
+
 def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = None,
                    mup: float = 1.0, ids_out: torch.Tensor | None = None,
                    vals_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,13 +177,10 @@ def lm_head_argmax(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None 
     ties to the lowest id; written into ids_out / vals_out when given (e.g. a CUDA graph's static
     buffers). Launches two kernels; no host synchronization."""
     T, H, V_out = check_lm_head(h, weight, vocab_out, mup)
-    ids = out_tensor("ids_out", ids_out, (T,), torch.int64, h.device)
-    vals = out_tensor("vals_out", vals_out, (T,), torch.float32, h.device)
+    ids, vals, pmax, pidx = lm_head_buffers(h, V_out, ids_out, vals_out)
     if T == 0:
         return ids, vals
-    n_groups = triton.cdiv(V_out, GROUP)
-    pmax = torch.empty(T, n_groups, dtype=torch.float32, device=h.device)
-    pidx = torch.empty(T, n_groups, dtype=torch.int32, device=h.device)
+    n_groups = pmax.shape[1]
     BLOCK_T = min(MAX_BLOCK_T, max(16, triton.next_power_of_2(T)))
     interp = interpreting()
     meta = _INTERPRET_META if interp else launch_config(H, BLOCK_T, h.dtype)

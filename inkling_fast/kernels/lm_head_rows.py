@@ -39,8 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot, interpreting, out_tensor, pipeline_stages
-from .lm_head_argmax import GROUP, INT32_MAX, check_lm_head, lm_head_argmax_torch, reduce_partials
+from .common import interpreting, k_loop, pipeline_stages
+from .lm_head_argmax import INT32_MAX, check_lm_head, lm_head_argmax_torch, lm_head_buffers, reduce_partials
 
 lm_head_rows_torch = lm_head_argmax_torch   # the twin: float32 logits a chunk of ids at a time, first maximum
 
@@ -61,15 +61,7 @@ def _lm_head_rows_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_groups
     h_ptrs = h_ptr + t[:, None].to(tl.int64) * H + kk[None, :]          # h tile      [BLOCK_T, BLOCK_K]
     w_ptrs = w_ptr + v[None, :].to(tl.int64) * H + kk[:, None]          # W tile^T    [BLOCK_K, BLOCK_V]
     acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(h_ptrs + k0, mask=t_ok[:, None], other=0.0)
-            b = tl.load(w_ptrs + k0, mask=v_ok[None, :], other=0.0)
-        else:
-            k_ok = (k0 + kk) < H
-            a = tl.load(h_ptrs + k0, mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(w_ptrs + k0, mask=k_ok[:, None] & v_ok[None, :], other=0.0)
-        acc = dot(a, b, acc, FP32_DOT)
+    acc = k_loop(acc, h_ptrs, w_ptrs, t_ok, v_ok, kk, H, BLOCK_K, EVEN_K, FP32_DOT)
     # epilogue: per group of 64 ids, the maximum and the lowest id reaching it (ids >= V_out never win)
     scores = tl.where(v_ok[None, :], acc, float("-inf"))
     scores = tl.reshape(scores, [BLOCK_T, G, 64])
@@ -110,13 +102,10 @@ def lm_head_rows(h: torch.Tensor, weight: torch.Tensor, vocab_out: int | None = 
     contiguous [V, H] of h's dtype and device; vocab_out V_out <= V (default V); mup > 0. Returns
     (ids int64 [T], vals float32 [T]), into ids_out / vals_out when given. Two launches, no host sync."""
     T, H, V_out = check_lm_head(h, weight, vocab_out, mup)
-    ids = out_tensor("ids_out", ids_out, (T,), torch.int64, h.device)
-    vals = out_tensor("vals_out", vals_out, (T,), torch.float32, h.device)
+    ids, vals, pmax, pidx = lm_head_buffers(h, V_out, ids_out, vals_out)
     if T == 0:
         return ids, vals
-    n_groups = triton.cdiv(V_out, GROUP)
-    pmax = torch.empty(T, n_groups, dtype=torch.float32, device=h.device)
-    pidx = torch.empty(T, n_groups, dtype=torch.int32, device=h.device)
+    n_groups = pmax.shape[1]
     interp = interpreting()
     meta = _INTERPRET_META if interp else launch_config(T, h.dtype)
     _lm_head_rows_kernel[(triton.cdiv(T, meta["BLOCK_T"]) * triton.cdiv(V_out, meta["BLOCK_V"]),)](

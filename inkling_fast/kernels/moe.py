@@ -43,7 +43,8 @@ import triton.language as tl
 
 from inkling_ref.moe import MoE as RefMoE
 
-from .common import INDEX_DTYPES, check_tensor, dot, interpreting, need, out_tensor, pipeline_stages, round_to
+from .common import (INDEX_DTYPES, check_tensor, interpreting, k_loop, k_loop_pair, need, out_tensor, pipeline_stages,
+                     round_to)
 from .moe_router import check_x, moe_route, moe_route_torch
 
 MAX_TOKENS = 256      # the align step is one program comparing all pairs: meant for small N
@@ -137,21 +138,20 @@ def _moe_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, slot_expert_ptr, slot_s
         x_ptrs = x_ptr + tok[None, :].to(tl.int64) * H + kk[:, None]       # x^T of the tokens [BLOCK_K, BLOCK_M]
         acc_g = tl.zeros([BLOCK_F, BLOCK_M], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_F, BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            if EVEN_K:
-                wg = tl.load(g_ptrs + k0, mask=f_ok[:, None], other=0.0)
-                wu = tl.load(u_ptrs + k0, mask=f_ok[:, None], other=0.0)
-                xt = tl.load(x_ptrs + k0, mask=r_ok[None, :], other=0.0)
-            else:
-                k_ok = (k0 + kk) < H
-                wg = tl.load(g_ptrs + k0, mask=f_ok[:, None] & k_ok[None, :], other=0.0)
-                wu = tl.load(u_ptrs + k0, mask=f_ok[:, None] & k_ok[None, :], other=0.0)
-                xt = tl.load(x_ptrs + k0, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
-            acc_g = dot(wg, xt, acc_g, FP32_DOT)
-            acc_u = dot(wu, xt, acc_u, FP32_DOT)
+        acc_g, acc_u = k_loop_pair(acc_g, acc_u, g_ptrs, u_ptrs, x_ptrs, f_ok, r_ok, kk, H, BLOCK_K, EVEN_K, FP32_DOT)
         act = acc_g * tl.sigmoid(acc_g) * acc_u                               # silu(g) * u
         tl.store(act_ptr + rows[None, :].to(tl.int64) * F + f[:, None],
                  round_to(act, act_ptr.dtype.element_ty, FIX_BF16), mask=f_ok[:, None] & r_ok[None, :])
+
+
+@triton.jit
+def store_weighted_pairs(acc, pair, r_ok, h, h_ok, weights_ptr, pair_out_ptr, H):
+    """pair_out[pair, h] = weights[pair] * acc[h, pair's column]: a tile of the down projection
+    (acc [BLOCK_H, BLOCK_M], one column per (token, expert) pair) scaled by each pair's routing weight
+    and written to the pair's own row, for the combine kernel to sum per token."""
+    wt = tl.load(weights_ptr + pair, mask=r_ok, other=0.0)
+    tl.store(pair_out_ptr + pair[None, :].to(tl.int64) * H + h[:, None], acc * wt[None, :],
+             mask=h_ok[:, None] & r_ok[None, :])
 
 
 @triton.jit
@@ -174,19 +174,9 @@ def _moe_down_kernel(act_ptr, w2_ptr, sw2_ptr, sorted_ptr, slot_expert_ptr, slot
         rows = start + m0 + mm
         pair = tl.load(sorted_ptr + rows, mask=r_ok, other=0)
         a_ptrs = act_ptr + rows[None, :].to(tl.int64) * F + kk[:, None]      # act^T [BLOCK_K, BLOCK_M]
-        acc = tl.zeros([BLOCK_H, BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, F, BLOCK_K):
-            if EVEN_K:
-                w = tl.load(w_ptrs + k0, mask=h_ok[:, None], other=0.0)
-                at = tl.load(a_ptrs + k0, mask=r_ok[None, :], other=0.0)
-            else:
-                k_ok = (k0 + kk) < F
-                w = tl.load(w_ptrs + k0, mask=h_ok[:, None] & k_ok[None, :], other=0.0)
-                at = tl.load(a_ptrs + k0, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
-            acc = dot(w, at, acc, FP32_DOT)
-        wt = tl.load(weights_ptr + pair, mask=r_ok, other=0.0)                # the pair's routing weight
-        tl.store(pair_out_ptr + pair[None, :].to(tl.int64) * H + h[:, None], acc * wt[None, :],
-                 mask=h_ok[:, None] & r_ok[None, :])
+        acc = k_loop(tl.zeros([BLOCK_H, BLOCK_M], dtype=tl.float32), w_ptrs, a_ptrs, h_ok, r_ok, kk, F, BLOCK_K,
+                     EVEN_K, FP32_DOT)
+        store_weighted_pairs(acc, pair, r_ok, h, h_ok, weights_ptr, pair_out_ptr, H)
 
 
 @triton.jit

@@ -77,8 +77,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot, interpreting, out_tensor, pipeline_stages, round_to
-from .moe import check_experts, check_router_rows, pair_expert
+from .common import interpreting, k_loop, k_loop_pair, out_tensor, pipeline_stages, round_to
+from .moe import check_experts, check_router_rows, pair_expert, store_weighted_pairs
 from .moe_router import moe_route, moe_route_torch
 
 SORT_BLOCK = 128      # pairs per program of the count and scatter steps
@@ -179,18 +179,7 @@ def _grouped_up_kernel(x_ptr, w13_ptr, sw13_ptr, sorted_ptr, tile_expert_ptr, ro
     x_ptrs = x_ptr + tok[None, :].to(tl.int64) * H + kk[:, None]         # x^T of the tile's tokens [BLOCK_K, BLOCK_M]
     acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        if EVEN_K:
-            wg = tl.load(g_ptrs + k0, mask=f_ok[:, None], other=0.0)
-            wu = tl.load(u_ptrs + k0, mask=f_ok[:, None], other=0.0)
-            xt = tl.load(x_ptrs + k0, mask=r_ok[None, :], other=0.0)
-        else:
-            k_ok = (k0 + kk) < H
-            wg = tl.load(g_ptrs + k0, mask=f_ok[:, None] & k_ok[None, :], other=0.0)
-            wu = tl.load(u_ptrs + k0, mask=f_ok[:, None] & k_ok[None, :], other=0.0)
-            xt = tl.load(x_ptrs + k0, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
-        acc_g = dot(wg, xt, acc_g, FP32_DOT)
-        acc_u = dot(wu, xt, acc_u, FP32_DOT)
+    acc_g, acc_u = k_loop_pair(acc_g, acc_u, g_ptrs, u_ptrs, x_ptrs, f_ok, r_ok, kk, H, BLOCK_K, EVEN_K, FP32_DOT)
     act = acc_g * tl.sigmoid(acc_g) * acc_u                              # silu(g) * u, float32
     tl.store(act_ptr + rows[None, :].to(tl.int64) * F + f[:, None],
              round_to(act, act_ptr.dtype.element_ty, FIX_BF16), mask=f_ok[:, None] & r_ok[None, :])
@@ -217,19 +206,9 @@ def _grouped_down_kernel(act_ptr, w2_ptr, sw2_ptr, sorted_ptr, tile_expert_ptr, 
     kk = tl.arange(0, BLOCK_K)
     w_ptrs = w_base + h[:, None].to(tl.int64) * F + kk[None, :]           # W2 rows h     [BLOCK_N, BLOCK_K]
     a_ptrs = act_ptr + rows[None, :].to(tl.int64) * F + kk[:, None]       # act^T         [BLOCK_K, BLOCK_M]
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, F, BLOCK_K):
-        if EVEN_K:
-            w = tl.load(w_ptrs + k0, mask=h_ok[:, None], other=0.0)
-            at = tl.load(a_ptrs + k0, mask=r_ok[None, :], other=0.0)
-        else:
-            k_ok = (k0 + kk) < F
-            w = tl.load(w_ptrs + k0, mask=h_ok[:, None] & k_ok[None, :], other=0.0)
-            at = tl.load(a_ptrs + k0, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
-        acc = dot(w, at, acc, FP32_DOT)
-    wt = tl.load(weights_ptr + pair, mask=r_ok, other=0.0)                 # each pair's routing weight
-    tl.store(pair_out_ptr + pair[None, :].to(tl.int64) * H + h[:, None], acc * wt[None, :],
-             mask=h_ok[:, None] & r_ok[None, :])
+    acc = k_loop(tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), w_ptrs, a_ptrs, h_ok, r_ok, kk, F, BLOCK_K,
+                 EVEN_K, FP32_DOT)
+    store_weighted_pairs(acc, pair, r_ok, h, h_ok, weights_ptr, pair_out_ptr, H)
 
 
 @triton.jit(do_not_specialize=["N"])
