@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
@@ -149,10 +150,23 @@ def _listing(title: str, items: list[str]) -> str:
     return f"  {title} ({len(items)}):\n" + "".join(f"    {x}\n" for x in items)
 
 
+def meta_model(config: InklingConfig, num_mtp_depths: int) -> InklingModel:
+    """The model's modules with parameters on the meta device (shapes, no storage) and no initializer
+    run: the loader assigns every parameter afterwards. (On a meta tensor `nn.init.normal_` goes
+    through torch's reference implementation, whose first use imports torch._dynamo: seconds of start-up
+    for a random init that would be thrown away.)"""
+    normal_ = nn.init.normal_
+    nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
+    try:
+        with torch.device("meta"):
+            return InklingModel(config, num_mtp_depths=num_mtp_depths)
+    finally:
+        nn.init.normal_ = normal_
+
+
 def expected_shapes(config: InklingConfig, num_mtp_depths: int) -> dict[str, tuple[int, ...]]:
     """Released name -> shape of every tensor a model with `num_mtp_depths` depths needs."""
-    with torch.device("meta"):  # shapes only: nothing is allocated
-        model = InklingModel(config, num_mtp_depths=num_mtp_depths)
+    model = meta_model(config, num_mtp_depths)
     return {names.to_released(n): tuple(p.shape) for n, p in model.named_parameters()}
 
 
@@ -287,8 +301,7 @@ def load_checkpoint(path, dtype=torch.float32, device="cpu", num_mtp_depths: int
     infos = read_headers(directory, files, weight_map)
     k, wanted = plan_load(f"checkpoint {directory}", config, raw, infos, num_mtp_depths)
 
-    with torch.device("meta"):  # parameters are assigned below; no random init is allocated
-        model = InklingModel(config, num_mtp_depths=k)
+    model = meta_model(config, k)       # parameters are assigned below
     state, non_finite, overflow = {}, [], []
     for f in files:
         here = [n for n in wanted if infos[n].file == f]

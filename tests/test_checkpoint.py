@@ -384,3 +384,20 @@ def test_load_onto_the_gpu(saved):
     err = rel_l2(b, a)
     print(f"GPU vs CPU logits: relative L2 {err:.1e}")
     assert err < 1e-5
+
+
+def test_loading_builds_no_initializers():
+    """Loading (and checking the headers of) a checkpoint builds the model's modules on the meta device
+    without running their random initializers: `nn.init.normal_` on a meta tensor imports torch._dynamo,
+    seconds of every command's start-up. Checked in a fresh interpreter, where nothing imported it yet."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import sys; from inkling_ref.checkpoint import inspect_checkpoint, load_checkpoint; "
+            "p = sys.argv[1]; inspect_checkpoint(p); m = load_checkpoint(p); "
+            "assert m.trunk.embed.weight.device.type == 'cpu' and m.trunk.embed.weight.abs().sum() > 0; "
+            "print('torch._dynamo' in sys.modules)")
+    root = Path(inkling_ref.__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code, str(root / "inkling_ref" / "default_checkpoint")],
+                         capture_output=True, text=True, cwd=root, check=True).stdout.strip()
+    assert out == "False", "loading a checkpoint imported torch._dynamo (a random init ran on the meta device)"
