@@ -63,26 +63,23 @@ def weights(V: int, H: int, device: str) -> torch.Tensor:
     return (torch.randn(V, H, device=device, generator=g) * H ** -0.5).bfloat16()
 
 
+def measure(model: str, H: int, W: torch.Tensor, T: int) -> harness.Row:
+    """One case: T rows of width H against the LM head W, checked, then both paths timed."""
+    nbytes = floor_bytes(T, H, V_OUT)
+    sets = harness.rotating_inputs(lambda: (torch.randn(T, H, device="cuda").bfloat16(), W), nbytes)
+    differ = check(*sets[0], V_OUT)
+    ms = harness.bench_graph(lambda h, w: lm_head_argmax(h, w, V_OUT, MUP), sets)
+    ms_torch = harness.bench_graph(lambda h, w: gemm_argmax(h, w, V_OUT), sets)
+    note = "graph replay; twin column = GEMM + argmax"
+    if differ:
+        note += f"; bf16 logits changed the argmax of {differ}/{T} rows"
+    row = harness.Row("lm_head_argmax", f"{model} H={H} T={T}", nbytes, ms, ms_torch, note)
+    print(f"  {row.case:<28} {ms * 1e3:8.1f} us   GEMM+argmax {ms_torch * 1e3:8.1f} us", flush=True)
+    return row
+
+
 def run(ctx: harness.Context) -> list[harness.Row]:
-    rows = []
-    for model, H in WIDTHS.items():
-        W = weights(V, H, "cuda")
-        for T in TOKENS:
-            nbytes = floor_bytes(T, H, V_OUT)
-            sets = harness.rotating_inputs(lambda: (torch.randn(T, H, device="cuda").bfloat16(), W), nbytes)
-            differ = check(*sets[0], V_OUT)
-            ms = harness.bench_graph(lambda h, w: lm_head_argmax(h, w, V_OUT, MUP), sets)
-            ms_torch = harness.bench_graph(lambda h, w: gemm_argmax(h, w, V_OUT), sets)
-            note = "graph replay; twin column = GEMM + argmax"
-            if differ:
-                note += f"; bf16 logits changed the argmax of {differ}/{T} rows"
-            row = harness.Row("lm_head_argmax", f"{model} H={H} T={T}", nbytes, ms, ms_torch, note)
-            print(f"  {row.case:<28} {ms * 1e3:8.1f} us   GEMM+argmax {ms_torch * 1e3:8.1f} us", flush=True)
-            rows.append(row)
-            del sets
-        del W
-        torch.cuda.empty_cache()
-    return rows
+    return harness.per_model(WIDTHS, lambda H: weights(V, H, "cuda"), TOKENS, measure)
 
 
 def dry_run() -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -90,38 +91,36 @@ def check_moe(x: torch.Tensor, lyr) -> tuple[float, float]:
     return err
 
 
+def measure_moe(ctx: harness.Context, device: str, timed: bool, model: str, changes: dict, lyr, N: int) -> dict:
+    """One MoE case: N tokens through the layer `lyr` (of the sizes `changes` gives), checked, then both
+    paths timed when `timed`."""
+    H, F = lyr[5].shape[2], lyr[6].shape[2]
+    R, K, S = lyr[5].shape[0], lyr[4], lyr[7].shape[0]
+    sets = harness.rotating_inputs(lambda: (torch.randn(N, H, device=device).bfloat16(),),
+                                   (S + min(R, N * K)) * 3 * F * H * E)
+    floors = [moe_floor_bytes(s[0], lyr) for s in sets]
+    nbytes = sum(f for f, _ in floors) // len(floors)
+    distinct = sum(d for _, d in floors) / len(floors)
+    err_twin, err_few = check_moe(sets[0][0], lyr)
+    r = dict(model=model, H=H, F=F, R=R, top_k=K, S=S, N=N, block_m=block_m_for(N, K, R),
+             distinct_experts=distinct, floor_bytes=nbytes, rel_l2_twin=err_twin, rel_l2_moe=err_few)
+    if timed:
+        r["ms_moe"] = harness.bench_graph(lambda x: moe_chunked(x, lyr, torch.empty_like(x)), sets)
+        r["ms_grouped"] = harness.bench_graph(lambda x: moe_grouped(x, *lyr), sets)
+        r["ms_floor"] = nbytes / (ctx.copy_gbps * 1e9) * 1e3
+        print(f"  MoE {model:<13} N={N:<5} moe {r['ms_moe'] * 1e3:9.1f} us  grouped "
+              f"{r['ms_grouped'] * 1e3:9.1f} us"
+              f"  floor {r['ms_floor'] * 1e3:9.1f} us  ({distinct:.1f} routed experts, BLOCK_M {r['block_m']})",
+              flush=True)
+    else:
+        print(f"dry  MoE {model} N={N}: {distinct:.1f} routed experts, floor bytes {nbytes:,}, rel L2 "
+              f"{err_twin:.1e} vs twin, {err_few:.1e} vs moe", flush=True)
+    return r
+
+
 def run_moe(ctx: harness.Context, device: str, timed: bool) -> list[dict]:
-    rows = []
-    for model, changes in MOE_SIZES.items():
-        lyr = moe_layer(changes, device)
-        H, F = lyr[5].shape[2], lyr[6].shape[2]
-        R, K, S = lyr[5].shape[0], lyr[4], lyr[7].shape[0]
-        for N in TOKENS:
-            sets = harness.rotating_inputs(lambda: (torch.randn(N, H, device=device).bfloat16(),),
-                                           (S + min(R, N * K)) * 3 * F * H * E)
-            floors = [moe_floor_bytes(s[0], lyr) for s in sets]
-            nbytes = sum(f for f, _ in floors) // len(floors)
-            distinct = sum(d for _, d in floors) / len(floors)
-            err_twin, err_few = check_moe(sets[0][0], lyr)
-            r = dict(model=model, H=H, F=F, R=R, top_k=K, S=S, N=N, block_m=block_m_for(N, K, R),
-                     distinct_experts=distinct, floor_bytes=nbytes, rel_l2_twin=err_twin, rel_l2_moe=err_few)
-            if timed:
-                r["ms_moe"] = harness.bench_graph(lambda x: moe_chunked(x, lyr, torch.empty_like(x)), sets)
-                r["ms_grouped"] = harness.bench_graph(lambda x: moe_grouped(x, *lyr), sets)
-                r["ms_floor"] = nbytes / (ctx.copy_gbps * 1e9) * 1e3
-                print(f"  MoE {model:<13} N={N:<5} moe {r['ms_moe'] * 1e3:9.1f} us  grouped "
-                      f"{r['ms_grouped'] * 1e3:9.1f} us"
-                      f"  floor {r['ms_floor'] * 1e3:9.1f} us  ({distinct:.1f} routed experts, BLOCK_M {r['block_m']})",
-                      flush=True)
-            else:
-                print(f"dry  MoE {model} N={N}: {distinct:.1f} routed experts, floor bytes {nbytes:,}, rel L2 "
-                      f"{err_twin:.1e} vs twin, {err_few:.1e} vs moe", flush=True)
-            rows.append(r)
-            del sets
-        del lyr
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    return rows
+    return harness.per_model(MOE_SIZES, lambda changes: moe_layer(changes, device), TOKENS,
+                             partial(measure_moe, ctx, device, timed))
 
 
 # ----------------------------------------------------------------------------- LM head

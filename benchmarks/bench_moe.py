@@ -21,6 +21,7 @@ directly. Design goal: within 1.5x of the floor (>= 67% of copy bandwidth) at N 
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -83,31 +84,29 @@ def check(x: torch.Tensor, lyr) -> float:
     return err
 
 
+def measure(ctx: harness.Context, model: str, widths: tuple[int, int], lyr, N: int) -> harness.Row:
+    """One case: N tokens through the layer `lyr` of expert widths (H, Fm), checked, then both paths timed."""
+    H, F = widths
+    # each set reads >= 3 experts (~150-340 MB): 2 sets already exceed the L2 many times over
+    sets = harness.rotating_inputs(lambda: (torch.randn(N, H, device="cuda").bfloat16(),),
+                                   (S + 1) * 3 * F * H * E)
+    floors = [floor_bytes(s[0], lyr) for s in sets]
+    nbytes = sum(f for f, _ in floors) // len(floors)
+    d_mean = sum(d for _, d in floors) / len(floors)
+    err = check(sets[0][0], lyr)
+    ms = harness.bench_graph(lambda x: moe(x, *lyr), sets)
+    ms_torch = harness.bench(lambda x: moe_torch(x, *lyr), sets)
+    note = (f"{d_mean:.1f} routed + {S} shared experts; kernel graph replay, grouped torch direct "
+            f"(host sync); rel L2 {err:.1e}")
+    row = harness.Row("moe", f"{model} H={H} Fm={F} N={N}", nbytes, ms, ms_torch, note)
+    floor_us = nbytes / (ctx.copy_gbps * 1e9) * 1e6
+    print(f"  {row.case:<34} {ms * 1e3:9.1f} us  floor {floor_us:9.1f} us  grouped torch "
+          f"{ms_torch * 1e3:9.1f} us", flush=True)
+    return row
+
+
 def run(ctx: harness.Context) -> list[harness.Row]:
-    rows = []
-    for model, (H, F) in WIDTHS.items():
-        lyr = layer(H, F, R, S, K, "cuda")
-        for N in TOKENS:
-            # each set reads >= 3 experts (~150-340 MB): 2 sets already exceed the L2 many times over
-            sets = harness.rotating_inputs(lambda: (torch.randn(N, H, device="cuda").bfloat16(),),
-                                           (S + 1) * 3 * F * H * E)
-            floors = [floor_bytes(s[0], lyr) for s in sets]
-            nbytes = sum(f for f, _ in floors) // len(floors)
-            d_mean = sum(d for _, d in floors) / len(floors)
-            err = check(sets[0][0], lyr)
-            ms = harness.bench_graph(lambda x: moe(x, *lyr), sets)
-            ms_torch = harness.bench(lambda x: moe_torch(x, *lyr), sets)
-            note = (f"{d_mean:.1f} routed + {S} shared experts; kernel graph replay, grouped torch direct "
-                    f"(host sync); rel L2 {err:.1e}")
-            row = harness.Row("moe", f"{model} H={H} Fm={F} N={N}", nbytes, ms, ms_torch, note)
-            floor_us = nbytes / (ctx.copy_gbps * 1e9) * 1e6
-            print(f"  {row.case:<34} {ms * 1e3:9.1f} us  floor {floor_us:9.1f} us  grouped torch "
-                  f"{ms_torch * 1e3:9.1f} us", flush=True)
-            rows.append(row)
-            del sets
-        del lyr
-        torch.cuda.empty_cache()
-    return rows
+    return harness.per_model(WIDTHS, lambda widths: layer(*widths, R, S, K, "cuda"), TOKENS, partial(measure, ctx))
 
 
 def dry_run() -> None:

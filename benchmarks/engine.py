@@ -728,6 +728,12 @@ def provenance_line(res: dict, section: str) -> str:
             f"`{run['command']}`.")
 
 
+def table_head(*columns: str, text: tuple[str, ...] = ()) -> list[str]:
+    """The first two lines of a markdown table: the header, and the alignment line that puts the columns named
+    in `text` to the left and the others (numbers) to the right."""
+    return ["| " + " | ".join(columns) + " |", "|" + "".join("---|" if c in text else "---:|" for c in columns)]
+
+
 def requests_markdown(res: dict) -> list[str]:
     """The tables of section `requests` (and its baseline, when run with --baseline-src)."""
     req = res["requests"]
@@ -747,8 +753,8 @@ def requests_markdown(res: dict) -> list[str]:
           "(every prompt through the prefill, x_L), decode = whole - prefill; each the best of "
           f"{len(req['fixed'][0]['whole_runs_ms'])} calls after a warm-up call. Speedups: over k = 0 of the same "
           "engine and loop at the same batch.", "", prov, "",
-          "| engine | loop | batch | k | whole ms | prefill ms | decode ms | tokens/s | whole speedup | decode speedup "
-          "| acceptance length |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+          *table_head("engine", "loop", "batch", "k", "whole ms", "prefill ms", "decode ms", "tokens/s",
+                      "whole speedup", "decode speedup", "acceptance length", text=("engine", "loop"))]
     for r in rows:
         b = plain.get((r["engine"], r["loop"], r["batch"]))
         sp = f"{b['whole_ms'] / r['whole_ms']:.2f}x" if b else "-"
@@ -759,8 +765,8 @@ def requests_markdown(res: dict) -> list[str]:
         L += ["", "### Prefill passes", "", "The prefill of the fixed workload (`generate(max_new_tokens=1)`, overlapped "
               "loop): its batched passes (rows x chunk length), their captured graphs replayed alone (device time), "
               "against the call's wall time; eager: the same prefill without CUDA graphs.", "", prov, "",
-              "| batch | k | passes (B x T) | wall ms | device ms | device / wall | eager wall ms |",
-              "|---:|---:|---|---:|---:|---:|---:|"]
+              *table_head("batch", "k", "passes (B x T)", "wall ms", "device ms", "device / wall", "eager wall ms",
+                          text=("passes (B x T)",))]
         for r in req["prefill_split"]:
             passes = ", ".join(f"{B}x{T}" for B, T in r["passes"])
             eager = f"{r['eager_prefill_ms']:.2f}" if r.get("eager_prefill_ms") else "-"
@@ -779,8 +785,8 @@ def requests_markdown(res: dict) -> list[str]:
           f"{sum(outs) / len(outs):.0f}). requests/s and output tokens/s over the call's wall time; TPOT: per request, "
           "(time its last token was booked - its first) / (outputs - 1), averaged; TTFT: its first token's time from "
           "the call's start, averaged. Best of the timed runs after a warm-up run.", "", prov, "",
-          "| engine | loop | k | requests/s | output tokens/s | speedup vs k=0 | mean TPOT ms | mean TTFT ms | "
-          "acceptance length |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+          *table_head("engine", "loop", "k", "requests/s", "output tokens/s", "speedup vs k=0", "mean TPOT ms",
+                      "mean TTFT ms", "acceptance length", text=("engine", "loop"))]
     for r in srows:
         b = splain.get((r["engine"], r["loop"]))
         sp = f"{r['output_tokens_per_s'] / b['output_tokens_per_s']:.2f}x" if b else "-"
@@ -794,9 +800,9 @@ def requests_markdown(res: dict) -> list[str]:
               "booking the result). The synchronous loop waits for each cycle before it books it and launches the "
               "next; the overlapped loop launches the next cycle first. Host share = (wall - device) / wall.",
               "", prov, "",
-              "| batch | k | device ms | sync wall ms | sync host ms | sync host share | overlap wall ms | "
-              "overlap host ms | overlap host share | overlap wall / device | baseline wall ms | baseline host share |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              *table_head("batch", "k", "device ms", "sync wall ms", "sync host ms", "sync host share",
+                          "overlap wall ms", "overlap host ms", "overlap host share", "overlap wall / device",
+                          "baseline wall ms", "baseline host share")]
 
         def f(x, fmt=".3f"):
             return "-" if x is None else format(x, fmt)
@@ -846,9 +852,9 @@ def write_markdown(res: dict, path: Path) -> None:
               "(ref_gpu: fewer), greedy. tokens/s counts the whole batch's new tokens over the wall time of "
               + method + "Speedups: over the same engine's plain decoding (k = 0) at the same batch.", "",
               provenance_line(res, "demo"), "",
-              "| engine | batch | k | tokens/s | speedup vs k=0 | decode tokens/s | decode speedup | steady tokens/s | "
-              "steady speedup | steady ms/cycle | steady L | acceptance length | cycles |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              *table_head("engine", "batch", "k", "tokens/s", "speedup vs k=0", "decode tokens/s", "decode speedup",
+                          "steady tokens/s", "steady speedup", "steady ms/cycle", "steady L", "acceptance length",
+                          "cycles", text=("engine",))]
         base = {(r["engine"], r["batch"]): r for r in e2e if r["k"] == 0}
         for r in e2e:
             b = base.get((r["engine"], r["batch"]))
@@ -887,8 +893,8 @@ def write_markdown(res: dict, path: Path) -> None:
               "the verify pass (the trunk over k+1 rows + argmax) and the accept step are each captured and "
               "replayed alone; the whole cycle too (with its length rolled back after each replay). "
               "accept+commit = cycle - draft - verify.", "", provenance_line(res, "demo"), "",
-              "| batch | k | context | cycle ms | draft ms | verify ms | accept ms | accept+commit ms |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              *table_head("batch", "k", "context", "cycle ms", "draft ms", "verify ms", "accept ms",
+                          "accept+commit ms")]
         for r in demo["cycle_split"]:
             L.append(f"| {r['batch']} | {r['k']} | {r['context']} | {r['cycle_ms']:.3f} | {r['draft_ms']:.3f} | "
                      f"{r['verify_ms']:.3f} | {r['accept_ms']:.3f} | {r['accept_commit_ms']:.3f} |")
@@ -902,15 +908,14 @@ def write_markdown(res: dict, path: Path) -> None:
               "`rows` rows per sequence + the greedy argmax of the last row over the shared 201024 x 4096 LM head "
               "(the LM head reads 1.6 GB: at small batch it dominates). Floor = depth weights + LM head + KV rows "
               "read + activations, over the copy bandwidth.", "", provenance_line(res, "head"), "",
-              "| batch | rows | ms | floor ms | x floor |", "|---:|---:|---:|---:|---:|"]
+              *table_head("batch", "rows", "ms", "floor ms", "x floor")]
         for r in head["depth_step"]:
             L.append(f"| {r['batch']} | {r['rows']} | {r['ms']:.3f} | {r['floor_ms']:.3f} | {r['ms'] / r['floor_ms']:.2f} |")
         L += ["", f"The {max(r['k'] for r in head['chain'])}-depth draft chain (`Engine.draft`: depths 0..7 over the "
               "k+1-row window, drafts fed forward on the device) as one CUDA graph, after a cycle whose acceptance "
               "was forced to a. Busy = kernel time / wall span of one replay from the profiler (1 - busy = launch "
               "gaps).", "", provenance_line(res, "head"), "",
-              "| batch | a | graph ms | eager ms | 8 x one step ms | floor ms | graph x floor | busy |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              *table_head("batch", "a", "graph ms", "eager ms", "8 x one step ms", "floor ms", "graph x floor", "busy")]
         for r in head["chain"]:
             busy = f"{100 * r['busy_fraction']:.1f}%" if r.get("busy_fraction") else "-"
             ss = f"{r['steps_sum_ms']:.3f}" if r.get("steps_sum_ms") else "-"
@@ -927,13 +932,13 @@ def write_markdown(res: dict, path: Path) -> None:
               "LM head: N = B*T rows, argmax kernel vs logits GEMM.", "", provenance_line(res, "layers"), ""]
         kinds = [k for k in ("sliding_moe", "global_moe", "sliding_dense") if any(r["kind"] == k for r in lay["rows"])]
         Ts = sorted({r["T"] for r in lay["rows"] if r["kind"] in kinds})
-        L += ["| kind | batch | " + " | ".join(f"T={t} ms" for t in Ts) + " |", "|---|---:|" + "---:|" * len(Ts)]
+        L += table_head("kind", "batch", *(f"T={t} ms" for t in Ts), text=("kind",))
         for kind in kinds:
             for B in sorted({r["batch"] for r in lay["rows"] if r["kind"] == kind}):
                 cells = [next((f"{r['ms']:.3f}" for r in lay["rows"] if r["kind"] == kind and r["batch"] == B
                                and r["T"] == t), "-") for t in Ts]
                 L.append(f"| {kind} | {B} | " + " | ".join(cells) + " |")
-        L += ["", provenance_line(res, "layers"), "", "| LM head rows N | argmax ms | logits ms |", "|---:|---:|---:|"]
+        L += ["", provenance_line(res, "layers"), "", *table_head("LM head rows N", "argmax ms", "logits ms")]
         for N in sorted({r["batch"] for r in lay["rows"] if r["kind"] == "lm_head_argmax"}):
             a = next(r["ms"] for r in lay["rows"] if r["kind"] == "lm_head_argmax" and r["batch"] == N)
             lg = next(r["ms"] for r in lay["rows"] if r["kind"] == "lm_head_logits" and r["batch"] == N)

@@ -74,6 +74,20 @@ def rotating_inputs(make, bytes_per_set: int):
     return [make() for _ in range(min(n, 64))]
 
 
+def per_model(models: dict, build: Callable, sizes, measure: Callable) -> list:
+    """The rows of a benchmark over large models and several sizes: `measure(model, spec, weights, size)` for
+    every size of every model of `models` (name -> spec), in order. Each model's weights, `build(spec)`, are
+    built once, and dropped with the CUDA cache emptied before the next model's are built: one model's
+    weights on the device at a time. `measure` keeps its input sets to itself: they go when it returns."""
+    rows = []
+    for model, spec in models.items():
+        weights = build(spec)
+        rows += [measure(model, spec, weights, size) for size in sizes]
+        del weights
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench(fn, sets) -> float:
     """Median ms of fn(*s), cycling through the input sets so no run reads a warm cache."""
     import triton.testing

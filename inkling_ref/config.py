@@ -455,6 +455,19 @@ def _released_widths(t: dict) -> bool:
     return "dense_intermediate_size" in t or ("dense_mlp_idx" in t and "moe_intermediate_size" not in t)
 
 
+def _per_layer(t: dict, name: str, kinds: dict, num_layers: int, expected: str) -> list[str]:
+    """Config field `name`, a list with one entry per layer, each spelling mapped to its kind by `kinds`;
+    ConfigError when the list has another length or an entry `kinds` does not know (`expected` names the
+    usual spellings in that message)."""
+    entries = t[name]
+    if not isinstance(entries, list) or len(entries) != num_layers:
+        raise ConfigError(f"config field '{name}': has {_len(entries)} entries for num_hidden_layers={num_layers}")
+    bad = sorted({str(x) for x in entries if not isinstance(x, str) or x not in kinds})
+    if bad:
+        raise ConfigError(f"config field '{name}': unknown entries {bad} (expected {expected})")
+    return [kinds[x] for x in entries]
+
+
 def _text_fields(t: dict) -> dict:
     out = {key.field: _lookup(t, key.field, key.text_spellings) for key in KEYS
            if not key.mtp and key.field not in LISTS_AND_WIDTHS}
@@ -470,15 +483,7 @@ def _text_fields(t: dict) -> dict:
     if t.get("layer_types") is not None:
         kinds = {"hybrid_sliding": SLIDING, "sliding_attention": SLIDING, "hybrid": GLOBAL,
                  "full_attention": GLOBAL, SLIDING: SLIDING, GLOBAL: GLOBAL}
-        lt = t["layer_types"]
-        if not isinstance(lt, list) or len(lt) != num_layers:
-            raise ConfigError(f"config field 'layer_types': has {_len(lt)} entries for "
-                              f"num_hidden_layers={num_layers}")
-        bad = sorted({str(x) for x in lt if not isinstance(x, str) or x not in kinds})
-        if bad:
-            raise ConfigError(f"config field 'layer_types': unknown entries {bad} "
-                              "(expected 'hybrid_sliding' or 'hybrid')")
-        layer_types = [kinds[x] for x in lt]
+        layer_types = _per_layer(t, "layer_types", kinds, num_layers, "'hybrid_sliding' or 'hybrid'")
     if t.get("local_layer_ids") is not None:
         ids = set(_id_list(t["local_layer_ids"], "local_layer_ids", num_layers, "layer"))
         from_ids = [SLIDING if i in ids else GLOBAL for i in range(num_layers)]
@@ -493,14 +498,7 @@ def _text_fields(t: dict) -> dict:
         raise ConfigError(f"config field 'dense_mlp_idx': {n_dense!r} must be an integer in 0..{num_layers}")
     if t.get("mlp_layer_types") is not None:
         kinds = {"dense": DENSE, "sparse": MOE, "moe": MOE}
-        mt = t["mlp_layer_types"]
-        if not isinstance(mt, list) or len(mt) != num_layers:
-            raise ConfigError(f"config field 'mlp_layer_types': has {_len(mt)} entries for "
-                              f"num_hidden_layers={num_layers}")
-        bad = sorted({str(x) for x in mt if not isinstance(x, str) or x not in kinds})
-        if bad:
-            raise ConfigError(f"config field 'mlp_layer_types': unknown entries {bad} (expected 'dense' or 'sparse')")
-        mlp_types = [kinds[x] for x in mt]
+        mlp_types = _per_layer(t, "mlp_layer_types", kinds, num_layers, "'dense' or 'sparse'")
         if n_dense is not None and n_dense != _dense_prefix(mlp_types):
             raise ConfigError(f"config fields 'dense_mlp_idx' ({n_dense}) and 'mlp_layer_types' disagree: the "
                               f"list starts with {_dense_prefix(mlp_types)} dense layers")

@@ -54,37 +54,43 @@ _RELEASED_BLOCK = {v: k for k, v in BLOCK_SUFFIXES.items()}
 _RELEASED_TOP = {v: k for k, v in TOP_LEVEL.items()}
 _RELEASED_DEPTH = {v: k for k, v in DEPTH_OWN.items()}
 
+# Names inside numbered layers, tried in order: (pattern whose two groups are the layer index and the
+# suffix, the name built from the index and the renamed suffix, the suffix table that renames it).
+_LAYERS_TO_RELEASED = (
+    (r"trunk\.layers\.(\d+)\.(.+)", "model.llm.layers.{}.{}", BLOCK_SUFFIXES),
+    (r"mtp\.depths\.(\d+)\.block\.(.+)", "model.mtp.layers.{}.transformer_block.{}", BLOCK_SUFFIXES),
+    (r"mtp\.depths\.(\d+)\.(.+)", "model.mtp.layers.{}.{}", DEPTH_OWN),
+)
+_LAYERS_FROM_RELEASED = (
+    (r"model\.llm\.layers\.(\d+)\.(.+)", "trunk.layers.{}.{}", _RELEASED_BLOCK),
+    (r"model\.mtp\.layers\.(\d+)\.transformer_block\.(.+)", "mtp.depths.{}.block.{}", _RELEASED_BLOCK),
+    (r"model\.mtp\.layers\.(\d+)\.(.+)", "mtp.depths.{}.{}", _RELEASED_DEPTH),
+)
+
+
+def _rename(name: str, top_level: dict, layers: tuple) -> str | None:
+    """`name` renamed by the table of top-level names or by the first layer pattern that matches it with a
+    suffix its table knows; None when neither does."""
+    if name in top_level:
+        return top_level[name]
+    for pattern, renamed, suffixes in layers:
+        m = re.fullmatch(pattern, name)
+        if m and m.group(2) in suffixes:
+            return renamed.format(m.group(1), suffixes[m.group(2)])
+    return None
+
 
 def to_released(name: str) -> str:
     """Our parameter name -> the released checkpoint name."""
-    if name in TOP_LEVEL:
-        return TOP_LEVEL[name]
-    m = re.fullmatch(r"trunk\.layers\.(\d+)\.(.+)", name)
-    if m and m.group(2) in BLOCK_SUFFIXES:
-        return f"model.llm.layers.{m.group(1)}.{BLOCK_SUFFIXES[m.group(2)]}"
-    m = re.fullmatch(r"mtp\.depths\.(\d+)\.block\.(.+)", name)
-    if m and m.group(2) in BLOCK_SUFFIXES:
-        return f"model.mtp.layers.{m.group(1)}.transformer_block.{BLOCK_SUFFIXES[m.group(2)]}"
-    m = re.fullmatch(r"mtp\.depths\.(\d+)\.(.+)", name)
-    if m and m.group(2) in DEPTH_OWN:
-        return f"model.mtp.layers.{m.group(1)}.{DEPTH_OWN[m.group(2)]}"
-    raise KeyError(f"no released name for parameter {name}")
+    released = _rename(name, TOP_LEVEL, _LAYERS_TO_RELEASED)
+    if released is None:
+        raise KeyError(f"no released name for parameter {name}")
+    return released
 
 
 def from_released(name: str) -> str | None:
     """Released checkpoint name -> our parameter name (None when the name is not part of the model)."""
-    if name in _RELEASED_TOP:
-        return _RELEASED_TOP[name]
-    m = re.fullmatch(r"model\.llm\.layers\.(\d+)\.(.+)", name)
-    if m and m.group(2) in _RELEASED_BLOCK:
-        return f"trunk.layers.{m.group(1)}.{_RELEASED_BLOCK[m.group(2)]}"
-    m = re.fullmatch(r"model\.mtp\.layers\.(\d+)\.transformer_block\.(.+)", name)
-    if m and m.group(2) in _RELEASED_BLOCK:
-        return f"mtp.depths.{m.group(1)}.block.{_RELEASED_BLOCK[m.group(2)]}"
-    m = re.fullmatch(r"model\.mtp\.layers\.(\d+)\.(.+)", name)
-    if m and m.group(2) in _RELEASED_DEPTH:
-        return f"mtp.depths.{m.group(1)}.{_RELEASED_DEPTH[m.group(2)]}"
-    return None
+    return _rename(name, _RELEASED_TOP, _LAYERS_FROM_RELEASED)
 
 
 # Released tensors of the other towers of the multimodal checkpoint: not part of the text model.

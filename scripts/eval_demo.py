@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from inkling_ref import generate, load_checkpoint  # noqa: E402
+from provenance import git_commit  # noqa: E402
 
 # vLLM's measurement of the real Inkling's MTP head (GSM8K, k = 8), per-position acceptance in %
 VLLM_INKLING_K8 = [75.7, 60.1, 49.8, 41.1, 35.4, 29.8, 26.1, 22.3]
@@ -78,14 +78,6 @@ def stats_dict(res) -> dict:
             "per_position": [s.per_position[j] for j in range(1, s.k + 1)],
             "conditional": [s.conditional[j] for j in range(1, s.k + 1)],
             "tokens": res.num_tokens, "seconds": res.elapsed_s}
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=ROOT, check=True).stdout.strip()
-    except Exception:
-        return "unknown"
 
 
 def write_markdown(out: Path, r: dict) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import inkling_ref  # noqa: E402
 from inkling_ref.sampling import DRAFT_SAMPLING  # noqa: E402
 from mutants import CYCLE_MUTANTS, DEPTH_MUTANTS, PITFALL_ONLY_MUTANTS, load_mutant  # noqa: E402
+from provenance import git_commit  # noqa: E402
 
 CHECKPOINT = ROOT / "inkling_ref" / "default_checkpoint"
 PROMPTS = ROOT / "data" / "heldout_prompts.json"
@@ -141,14 +141,6 @@ def draft_distribution_table(num_prompts: int | None, new_tokens: int, ks, tempe
 
 def notebook_subset(log=print) -> dict:
     return pitfall_table(**SUBSET, log=log)
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=ROOT, check=True).stdout.strip()
-    except Exception:
-        return "unknown"
 
 
 def pct(values) -> str:

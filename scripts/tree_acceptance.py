@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from inkling_ref import TrunkCache, generate, load_checkpoint  # noqa: E402
 from inkling_ref import tree as TR  # noqa: E402
 from inkling_ref import tree_ranks as RK  # noqa: E402
+from provenance import git_commit  # noqa: E402
 
 FULL_SHAPES = [[2, 1], [2, 1, 1, 1], [2, 1, 1, 1, 1, 1], [3, 1, 1, 1], [2, 2, 1, 1], [2, 2, 2], [4, 1, 1, 1],
                [2, 1, 1, 1, 1, 1, 1, 1], [2, 2, 2, 1], [3, 1, 1, 1, 1, 1, 1, 1], [2, 2, 1, 1, 1, 1, 1, 1],
@@ -86,14 +86,6 @@ def ranks_of(model, sequences: list[list[int]]) -> list[list[list[int]]]:
     for i in range(0, len(sequences), BATCH):
         out += RK.draft_ranks(model, sequences[i: i + BATCH])
     return out
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=ROOT, check=True).stdout.strip()
-    except Exception:
-        return "unknown"
 
 
 def stats(spec: TR.TreeSpec, cycles) -> dict:

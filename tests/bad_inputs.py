@@ -202,28 +202,25 @@ GEN = ("generate", "--checkpoint", "{ckpt}")
 UNREADABLE_TOKENIZER = write("tokenizer.json", '{"version": "1.0", "model": ')
 NAN_WEIGHT = set_values("model.llm.layers.1.attn.wq_du.weight", math.nan)
 
+def bad_flag(flag: str, value: str, pattern: str, sampling: bool = False) -> Case:
+    """A command-line case that must exit with 2: `generate` on a fine prompt given `flag value`, after
+    `--temperature 1` when `sampling` (flags that apply only when sampling)."""
+    sample = ("--temperature", "1") if sampling else ()
+    return Case("CLI", f"`{flag} {value}`", cli(*GEN, "--prompt-ids", "1 2", *sample, flag, value), "exit 2", pattern)
+
+
 CASES = [
     # --- the command line: flags that no checkpoint makes valid (exit 2)
-    Case("CLI", "`--temperature nan`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "nan"),
-         "exit 2", "argument --temperature: must be a finite number >= 0, got 'nan'"),
-    Case("CLI", "`--temperature inf`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "inf"),
-         "exit 2", "must be a finite number >= 0, got 'inf'"),
-    Case("CLI", "`--temperature -0.5`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "-0.5"),
-         "exit 2", "must be a finite number >= 0"),
-    Case("CLI", "`--top-p 0`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "1", "--top-p", "0"),
-         "exit 2", "argument --top-p: must be a finite number in (0, 1], got '0'"),
-    Case("CLI", "`--top-p 1.5`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "1", "--top-p", "1.5"),
-         "exit 2", "in (0, 1], got '1.5'"),
-    Case("CLI", "`--top-k 0`", cli(*GEN, "--prompt-ids", "1 2", "--temperature", "1", "--top-k", "0"),
-         "exit 2", "argument --top-k: must be an integer >= 1, got '0'"),
-    Case("CLI", "`--threads 0`", cli(*GEN, "--prompt-ids", "1 2", "--threads", "0"),
-         "exit 2", "argument --threads: must be an integer >= 1, got '0'"),
-    Case("CLI", "`--threads two`", cli(*GEN, "--prompt-ids", "1 2", "--threads", "two"),
-         "exit 2", "argument --threads: must be an integer >= 1, got 'two'"),
-    Case("CLI", "`--k -1`", cli(*GEN, "--prompt-ids", "1 2", "--k", "-1"),
-         "exit 2", "argument --k: must be an integer >= 0, got '-1'"),
-    Case("CLI", "`--max-new-tokens 0`", cli(*GEN, "--prompt-ids", "1 2", "--max-new-tokens", "0"),
-         "exit 2", "argument --max-new-tokens: must be an integer >= 1, got '0'"),
+    bad_flag("--temperature", "nan", "argument --temperature: must be a finite number >= 0, got 'nan'"),
+    bad_flag("--temperature", "inf", "must be a finite number >= 0, got 'inf'"),
+    bad_flag("--temperature", "-0.5", "must be a finite number >= 0"),
+    bad_flag("--top-p", "0", "argument --top-p: must be a finite number in (0, 1], got '0'", sampling=True),
+    bad_flag("--top-p", "1.5", "in (0, 1], got '1.5'", sampling=True),
+    bad_flag("--top-k", "0", "argument --top-k: must be an integer >= 1, got '0'", sampling=True),
+    bad_flag("--threads", "0", "argument --threads: must be an integer >= 1, got '0'"),
+    bad_flag("--threads", "two", "argument --threads: must be an integer >= 1, got 'two'"),
+    bad_flag("--k", "-1", "argument --k: must be an integer >= 0, got '-1'"),
+    bad_flag("--max-new-tokens", "0", "argument --max-new-tokens: must be an integer >= 1, got '0'"),
     Case("CLI", '`--prompt-ids "1 x"`', cli(*GEN, "--prompt-ids", "1 x"),
          "exit 2", "argument --prompt-ids: must be integers separated by spaces"),
     Case("CLI", '`--prompt-ids ""`', cli(*GEN, "--prompt-ids", ""), "exit 2", "--prompt-ids is empty"),
@@ -237,8 +234,7 @@ CASES = [
     Case("CLI", "`--engine fast --dtype float64`", cli(*GEN, "--prompt-ids", "1 2", "--engine", "fast",
                                                        "--dtype", "float64"),
          "exit 2", "--engine fast runs --dtype float32 or bfloat16, not float64"),
-    Case("CLI", "`--dtype float16`", cli(*GEN, "--prompt-ids", "1 2", "--dtype", "float16"),
-         "exit 2", "argument --dtype: invalid choice: 'float16'"),
+    bad_flag("--dtype", "float16", "argument --dtype: invalid choice: 'float16'"),
     Case("CLI", "neither `--prompt` nor `--prompt-ids`", cli(*GEN), "exit 2",
          "one of the arguments --prompt --prompt-ids is required"),
     Case("CLI", "`convert SRC DST --max-shard-size 5XB`",
