@@ -41,6 +41,20 @@ def load_mutant(tmp_path: Path, edits: list[tuple[str, str, str]], package: str 
         sys.path.remove(str(tmp_path))
 
 
+def assert_some_check_fails(mutant: str, checks) -> None:
+    """Run each (name, check) of `checks` (a check: a function of no arguments that asserts) on a mutant's
+    code; at least one must fail with an AssertionError. Prints the mutant and the first line of each
+    failure."""
+    failures = []
+    for name, check in checks:
+        try:
+            check()
+        except AssertionError as e:
+            failures.append(f"{name}: {str(e).splitlines()[0][:120]}")
+    print(mutant, failures)
+    assert failures, f"every check passes on the mutant '{mutant}'"
+
+
 assert inkling_ref  # the original must import before any mutant is made from it
 
 

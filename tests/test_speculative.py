@@ -13,56 +13,15 @@ import random
 import pytest
 import torch
 
-from configs import tiny_config
-from inkling_ref import random_model
+from cycle_checks import (ATOL, assert_cache_rows_equal, assert_trunk_cache_is_fresh_prefill, four_depth_model,
+                          plain_greedy)
 from inkling_ref import speculative as S
-from inkling_ref.cache import TrunkCache
-from mutants import CYCLE_MUTANTS, WINDOW_MUTANTS, load_mutant
-
-CACHE_FIELDS = ("keys", "values", "k_conv_in", "v_conv_in", "attn_conv_in", "mlp_conv_in")
-ATOL = 1e-12
-
-
-def four_depth_config():
-    return tiny_config(num_mtp_depths=4, mtp_layer_types=["sliding", "global", "sliding", "sliding"])
+from mutants import CYCLE_MUTANTS, WINDOW_MUTANTS, assert_some_check_fails, load_mutant
 
 
 @pytest.fixture(scope="module")
 def model():
-    return random_model(four_depth_config(), seed=5, dtype=torch.float64)
-
-
-def plain_greedy(model, prompt, total_len):
-    """Greedy decoding by full forwards, no cache (an oracle independent of the cycle code)."""
-    seq = list(prompt)
-    with torch.no_grad():
-        while len(seq) < total_len:
-            seq.append(int(model.logits(torch.tensor([seq]))[0, -1].argmax()))
-    return seq
-
-
-def rows_of(t, field, upto):
-    """Rows 0..upto-1 of one cache tensor along its time dim."""
-    return t[:, :, :upto] if field in ("keys", "values") else t[:, :upto]
-
-
-def assert_cache_rows_equal(got, want, upto, what):
-    for f in CACHE_FIELDS:
-        g, w = getattr(got, f), getattr(want, f)
-        if upto <= 0:
-            continue
-        assert g is not None and rows_of(g, f, upto).shape == rows_of(w, f, upto).shape, f"{what}: {f} shape"
-        err = (rows_of(g, f, upto) - rows_of(w, f, upto)).abs().max().item()
-        assert err < ATOL, f"{what}: {f} rows 0..{upto - 1} differ by {err:.2e}"
-
-
-def assert_trunk_cache_is_fresh_prefill(model, state):
-    fresh = TrunkCache(len(model.trunk.layers))
-    with torch.no_grad():
-        model.trunk(torch.tensor([state.tokens[:-1]]), fresh)
-    assert state.trunk_cache.length == state.n - 1 == fresh.length
-    for i, (got, want) in enumerate(zip(state.trunk_cache.layers, fresh.layers)):
-        assert_cache_rows_equal(got, want, state.n - 1, f"trunk layer {i}")
+    return four_depth_model()
 
 
 def run_cycles(model, prompt, k, max_len, select=S.greedy_select):
@@ -107,10 +66,7 @@ def test_lossless_with_model_head(model, head, k):
     """The model's own random head, and a zeroed head (every draft = token 0); k = 0 is plain
     decoding through the same state."""
     if head == "zeroed":
-        model = random_model(four_depth_config(), seed=5, dtype=torch.float64)
-        with torch.no_grad():
-            for p in model.mtp.parameters():
-                p.zero_()
+        model = four_depth_model(zeroed_head=True)
     prompt = [3, 14, 15, 9, 26, 5]
     greedy = plain_greedy(model, prompt, 40)
     state, accepts = run_cycles(model, prompt, k, len(greedy))
@@ -263,34 +219,24 @@ def test_windows_are_equivalent(model, kind, k, prompt_len):
 @pytest.mark.parametrize("mutant", list(WINDOW_MUTANTS))
 def test_window_equivalence_catches_mutant(mutant, tmp_path):
     pkg = load_mutant(tmp_path, WINDOW_MUTANTS[mutant])
-    model = pkg.random_model(four_depth_config(), seed=5, dtype=torch.float64)
+    model = four_depth_model(pkg)
     with pytest.raises(AssertionError, match="differ") as caught:  # values, not the row count
         check_windows_equivalent(pkg.speculative, model, "random", 4, 9)
     print(mutant, str(caught.value).splitlines()[0])
 
 
 # ----------------------------------------------------------------------------- mutants
-def suite_fails_on(pkg) -> list[str]:
-    """Run this file's invariant checks against a (mutant) package; return what failed."""
-    global S
-    m = pkg.random_model(four_depth_config(), seed=5, dtype=torch.float64)
-    failures, saved, S = [], S, pkg.speculative
-    try:
-        for name, fn in [("fold", lambda: test_depth_caches_equal_teacher_forced_fold(m, "random", 4, 13)),
-                         ("fold-reject", lambda: test_depth_caches_equal_teacher_forced_fold(m, "all-reject", 3, 2)),
-                         ("lossless", lambda: test_lossless_with_scripted_drafter(m, 3))]:
-            try:
-                fn()
-            except AssertionError as e:
-                failures.append(f"{name}: {str(e).splitlines()[0][:120]}")
-    finally:
-        S = saved
-    return failures
-
-
 @pytest.mark.parametrize("mutant", list(CYCLE_MUTANTS))
 def test_suite_catches_cycle_mutant(mutant, tmp_path):
+    """This file's invariant checks, run against a mutant package: at least one fails."""
+    global S
     pkg = load_mutant(tmp_path, CYCLE_MUTANTS[mutant])
-    failures = suite_fails_on(pkg)
-    print(mutant, failures)
-    assert failures, f"the cycle tests pass on the mutant '{mutant}'"
+    m = four_depth_model(pkg)
+    checks = [("fold", lambda: test_depth_caches_equal_teacher_forced_fold(m, "random", 4, 13)),
+              ("fold-reject", lambda: test_depth_caches_equal_teacher_forced_fold(m, "all-reject", 3, 2)),
+              ("lossless", lambda: test_lossless_with_scripted_drafter(m, 3))]
+    saved, S = S, pkg.speculative
+    try:
+        assert_some_check_fails(mutant, checks)
+    finally:
+        S = saved

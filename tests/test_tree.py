@@ -17,15 +17,14 @@ import pytest
 import torch
 
 from configs import tiny_config
+from cycle_checks import (ATOL, assert_cache_rows_equal, assert_trunk_cache_is_fresh_prefill, four_depth_model,
+                          plain_greedy)
 from inkling_ref import random_model
 from inkling_ref import speculative as S
 from inkling_ref import tree as TR
 from inkling_ref.cache import TrunkCache
 from inkling_ref.tree_paths import ancestor_mask, conv_window_index, path_levels
-from mutants import load_mutant
-
-CACHE_FIELDS = ("keys", "values", "k_conv_in", "v_conv_in", "attn_conv_in", "mlp_conv_in")
-ATOL = 1e-12
+from mutants import assert_some_check_fails, load_mutant
 
 FULL_SHAPES = [[2, 2, 1, 1], [3, 1, 2], [1, 1, 1, 1], [4], [2, 1, 1, 1]]
 # sparse: a top-1 chain with second choices; (1,) is a leaf, so depth 1 never expands it
@@ -34,45 +33,9 @@ SPECS = [TR.TreeSpec.from_branching(b) for b in FULL_SHAPES] + [SPARSE]
 SPEC_IDS = [str(b) for b in FULL_SHAPES] + ["sparse"]
 
 
-def four_depth_config():
-    return tiny_config(num_mtp_depths=4, mtp_layer_types=["sliding", "global", "sliding", "sliding"])
-
-
 @pytest.fixture(scope="module")
 def model():
-    return random_model(four_depth_config(), seed=5, dtype=torch.float64)
-
-
-def plain_greedy(model, prompt, total_len):
-    """Greedy decoding by full forwards, no cache (an oracle independent of any cycle code)."""
-    seq = list(prompt)
-    with torch.no_grad():
-        while len(seq) < total_len:
-            seq.append(int(model.logits(torch.tensor([seq]))[0, -1].argmax()))
-    return seq
-
-
-def rows_of(t, f, lo, hi):
-    return t[:, :, lo:hi] if f in ("keys", "values") else t[:, lo:hi]
-
-
-def assert_cache_rows_equal(got, want, upto, what):
-    for f in CACHE_FIELDS:
-        if upto <= 0:
-            continue
-        g, w = getattr(got, f), getattr(want, f)
-        assert g is not None and rows_of(g, f, 0, upto).shape == rows_of(w, f, 0, upto).shape, f"{what}: {f} shape"
-        err = (rows_of(g, f, 0, upto) - rows_of(w, f, 0, upto)).abs().max().item()
-        assert err < ATOL, f"{what}: {f} rows 0..{upto - 1} differ by {err:.2e}"
-
-
-def assert_trunk_cache_is_fresh_prefill(model, state):
-    fresh = TrunkCache(len(model.trunk.layers))
-    with torch.no_grad():
-        model.trunk(torch.tensor([state.tokens[:-1]]), fresh)
-    assert state.trunk_cache.length == state.n - 1
-    for i, (got, want) in enumerate(zip(state.trunk_cache.layers, fresh.layers)):
-        assert_cache_rows_equal(got, want, state.n - 1, f"trunk layer {i}")
+    return four_depth_model()
 
 
 def assert_depth_caches_are_the_fold(model, state, D):
@@ -291,10 +254,7 @@ def test_lossless_with_scripted_candidates(model, spec):
 @pytest.mark.parametrize("branching", [[2, 2, 1, 1], [3, 1, 1]])
 def test_lossless_with_model_head(model, head, branching):
     if head == "zeroed":
-        model = random_model(four_depth_config(), seed=5, dtype=torch.float64)
-        with torch.no_grad():
-            for p in model.mtp.parameters():
-                p.zero_()
+        model = four_depth_model(zeroed_head=True)
     prompt = [3, 14, 15, 9, 26, 5]
     out, _ = TR.generate_tree(model, prompt, 25, TR.TreeSpec.from_branching(branching))
     assert prompt + out == plain_greedy(model, prompt, len(prompt) + 25)
@@ -331,26 +291,6 @@ def test_spec_shapes_and_errors():
 
 
 # ----------------------------------------------------------------------------- mutants
-def suite_fails_on(pkg) -> list[str]:
-    """Run this file's central checks against a (mutant) package; return what failed."""
-    global S, TR
-    tree = importlib.import_module(pkg.__name__ + ".tree")
-    m = pkg.random_model(four_depth_config(), seed=5, dtype=torch.float64)
-    spec = tree.TreeSpec.from_branching([2, 2, 1, 1])
-    failures, saved, (S, TR) = [], (S, TR), (pkg.speculative, tree)
-    try:
-        for name, fn in [("verify", lambda: test_tree_verify_equals_path_by_path_verify(m, spec)),
-                         ("draft", lambda: test_draft_equals_the_chain_along_each_path(m, spec)),
-                         ("commit", lambda: test_commit_leaves_the_chain_state_of_the_accepted_path(m, spec, 3))]:
-            try:
-                fn()
-            except AssertionError as e:
-                failures.append(f"{name}: {str(e).splitlines()[0][:120]}")
-    finally:
-        S, TR = saved
-    return failures
-
-
 TREE_MUTANTS = {
     "conv window follows the previous row, not the parent": [(
         "tree_paths.py", "return K - 2 if p < 0 else K - 1 + p", "return i - 1")],
@@ -375,7 +315,17 @@ TREE_MUTANTS = {
 
 @pytest.mark.parametrize("mutant", list(TREE_MUTANTS))
 def test_suite_catches_tree_mutant(mutant, tmp_path):
+    """This file's central checks, run against a mutant package: at least one fails."""
+    global S, TR
     pkg = load_mutant(tmp_path, TREE_MUTANTS[mutant])
-    failures = suite_fails_on(pkg)
-    print(mutant, failures)
-    assert failures, f"the tree tests pass on the mutant '{mutant}'"
+    tree = importlib.import_module(pkg.__name__ + ".tree")
+    m = four_depth_model(pkg)
+    spec = tree.TreeSpec.from_branching([2, 2, 1, 1])
+    checks = [("verify", lambda: test_tree_verify_equals_path_by_path_verify(m, spec)),
+              ("draft", lambda: test_draft_equals_the_chain_along_each_path(m, spec)),
+              ("commit", lambda: test_commit_leaves_the_chain_state_of_the_accepted_path(m, spec, 3))]
+    saved, (S, TR) = (S, TR), (pkg.speculative, tree)
+    try:
+        assert_some_check_fails(mutant, checks)
+    finally:
+        S, TR = saved

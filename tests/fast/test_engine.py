@@ -137,6 +137,37 @@ def assert_accepts_and_rejects(result) -> None:
     assert 0 in accepted and max(accepted) >= 1, f"accept counts seen: {sorted(accepted)}"
 
 
+def assert_first_three_tokens_follow_the_trunk(model, result, prompt: list[int], params: SamplingParams) -> None:
+    """result: `generate` of N copies of `prompt`, three new tokens each. Their joint counts follow the
+    trunk's own sampling distribution under params (exact, from the reference's logits): no sequence
+    the target gives probability 0, and chi-square p > 1e-3 (cells expecting < 5 merged into one)."""
+    from scipy.stats import chi2
+    N, V = len(result.token_ids), model.config.vocab_out
+    counts = torch.zeros(V, V, V, dtype=torch.float64)
+    for t in result.token_ids:
+        counts[t[0], t[1], t[2]] += 1
+    expected = torch.zeros(V, V, V, dtype=torch.float64)
+    with torch.no_grad():
+        p1 = probs(model.logits(torch.tensor([prompt], device=DEVICE))[0, -1], params).cpu()
+        for a in range(V):
+            p2 = probs(model.logits(torch.tensor([prompt + [a]], device=DEVICE))[0, -1], params).cpu()
+            for b in range(V):
+                p3 = probs(model.logits(torch.tensor([prompt + [a, b]], device=DEVICE))[0, -1], params).cpu()
+                expected[a, b] = p1[a] * p2[b] * p3 * N
+    e, o = expected.flatten(), counts.flatten()
+    assert o[e == 0].sum() == 0, "emitted a sequence the target gives probability 0"
+    big = e >= 5
+    stat = (((o[big] - e[big]) ** 2) / e[big]).sum().item()
+    cells = int(big.sum())
+    small = ~big & (e > 0)
+    if small.any():
+        stat += ((o[small].sum() - e[small].sum()) ** 2 / e[small].sum()).item()
+        cells += 1
+    dof = cells - 1
+    p_value = chi2.sf(stat, dof)
+    assert p_value > 1e-3, f"chi-square {stat:.1f} on {dof} degrees of freedom: p = {p_value:.2e}"
+
+
 def ring_sizes(engine: Engine) -> list[int]:
     return [c.capacity[f] for c in engine.trunk_caches + engine.depth_caches for f in FIELDS
             if c.capacity[f] < engine.max_seq_len] + [engine.hidden_rows]
@@ -798,30 +829,8 @@ def test_gpu_sampled_distribution_with_device_uniforms(model, draft_sampling):
     """Philox uniforms on the device: the first three tokens of 4000 sequences (x_L from the prefill,
     then a cycle with k_eff = 1: an accepted draft + bonus, or a correction + a k_eff = 0 cycle) follow
     the trunk's own sampling distribution (exact, from the reference's logits): chi-square, p > 1e-3."""
-    from scipy.stats import chi2
     engine = Engine(model, max_batch_size=64, max_seq_len=16, num_speculative_tokens=2, dtype=torch.float32)
     prompt, N, params = [1, 2, 3], 4000, SamplingParams(1.0)
     res = engine.generate([prompt] * N, max_new_tokens=3, temperature=1.0, draft_sampling=draft_sampling, seed=2)
-    V = model.config.vocab_out
-    counts = torch.zeros(V, V, V, dtype=torch.float64)
-    for t in res.token_ids:
-        counts[t[0], t[1], t[2]] += 1
-    expected = torch.zeros(V, V, V, dtype=torch.float64)
-    with torch.no_grad():
-        p1 = probs(model.logits(torch.tensor([prompt], device=DEVICE))[0, -1], params).cpu()
-        for a in range(V):
-            p2 = probs(model.logits(torch.tensor([prompt + [a]], device=DEVICE))[0, -1], params).cpu()
-            for b in range(V):
-                p3 = probs(model.logits(torch.tensor([prompt + [a, b]], device=DEVICE))[0, -1], params).cpu()
-                expected[a, b] = p1[a] * p2[b] * p3 * N
-    e, o = expected.flatten(), counts.flatten()
-    big = e >= 5                                      # cells expecting < 5 are merged into one
-    stat = (((o[big] - e[big]) ** 2) / e[big]).sum().item()
-    cells = int(big.sum())
-    if (~big).any():
-        stat += ((o[~big].sum() - e[~big].sum()) ** 2 / e[~big].sum()).item()
-        cells += 1
-    dof = cells - 1
-    p_value = chi2.sf(stat, dof)
-    assert p_value > 1e-3, f"chi-square {stat:.1f} on {dof} degrees of freedom: p = {p_value:.2e}"
+    assert_first_three_tokens_follow_the_trunk(model, res, prompt, params)
     assert_accepts_and_rejects(res)

@@ -7,15 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import device, poison, randint, randn, run_without_sync_then_capture  # noqa: F401 (fixture)
-from test_lm_head_argmax import V_OUT_REAL, V_REAL, assert_is_argmax, exact_argmax, exact_logits
+from helpers import DTYPES, device, randint, randn  # noqa: F401 (fixture)
+from lm_head_helpers import (V_OUT_REAL, V_REAL, assert_is_argmax, check_captured_in_a_cuda_graph,
+                             check_errors_name_the_argument, check_exact_ties, check_many_natural_ties,
+                             check_matches_twin, check_padding_rows_never_win, exact_argmax)
 
 from inkling_fast import forward
 from inkling_fast.kernels.lm_head_argmax import lm_head_argmax, lm_head_argmax_torch
 from inkling_fast.kernels.lm_head_rows import lm_head_rows
 from inkling_ref.testing import rel_l2
-
-DTYPES = [torch.float32, torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -23,17 +23,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 def test_kernel_matches_twin(device, dtype, T, H, V, V_out):
     """Rows over several row tiles (70, 150: the last one partial), vocabularies over several tiles with a
     masked tail, H not a multiple of BLOCK_K (33, 72), a one-id vocabulary."""
-    g = torch.Generator().manual_seed(T * 1000 + H)
-    h = randn(T, H, dtype=dtype, device=device, gen=g)
-    W = randn(V, H, dtype=dtype, device=device, gen=g, scale=H ** -0.5)
-    ids_out = poison(torch.empty(T, dtype=torch.int64, device=device))
-    vals_out = poison(torch.empty(T, dtype=torch.float32, device=device))
-    ids, vals = lm_head_rows(h, W, V_out, mup=3.0, ids_out=ids_out, vals_out=vals_out)
-    assert ids is ids_out and vals is vals_out
-    twin_ids, twin_vals = lm_head_argmax_torch(h, W, V_out, mup=3.0)
-    assert torch.equal(ids, twin_ids)
-    assert rel_l2(vals, twin_vals) <= 1e-5
-    assert_is_argmax(ids, h, W, V_out, 3.0, vals)
+    check_matches_twin(lm_head_rows, device, dtype, T, H, V, V_out)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -42,39 +32,14 @@ def test_ties_go_to_the_lowest_id(device, dtype):
     ties inside one group of 64 ids, across groups of one tile, across vocabulary tiles, in rows of every
     row tile (70 rows: three tiles of 32 under the interpreter, the last partial); copies at ids >= V_out
     do not count."""
-    g = torch.Generator().manual_seed(7)
-    T, H, V, V_out = 70, 48, 300, 280
-    h = randint(-2, 3, T, H, dtype=dtype, gen=g)
-    W = randint(-1, 2, V, H, dtype=dtype, gen=g)                     # |other logits| <= sum |h_t|
     copies = {0: [3, 9, 200], 7: [70, 71, 260], 14: [130, 250, 278], 21: [64, 128, 192], 28: [279, 285, 299],
               35: [10, 11, 12], 42: [100, 150, 277], 49: [65, 66, 270], 56: [0, 1, 2], 69: [22, 23, 24]}
-    for t, rows in copies.items():
-        strong = 2 * torch.sign(h[t].float()).to(dtype)              # logit 2 * sum |h_t|: the maximum
-        for r in rows:
-            W[r] = strong
-    h, W = h.to(device), W.to(device)
-    want = exact_argmax(h, W, V_out)
-    exact = exact_logits(h, W, V_out).cpu()
-    ties = (exact == exact.max(dim=1, keepdim=True).values).sum(dim=1)
-    assert all(ties[t] >= 2 for t in copies if t != 28)              # these rows really have a tie
-    assert [want[t].item() for t in copies] == [rows[0] for rows in copies.values()]
-    ids, vals = lm_head_rows(h, W, V_out)
-    assert ids.cpu().tolist() == want.tolist()
-    assert torch.equal(vals.cpu().double(), exact.max(dim=1).values)
-    assert torch.equal(lm_head_argmax_torch(h, W, V_out)[0].cpu(), want)
+    check_exact_ties(lm_head_rows, device, dtype, 70, copies)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_many_natural_ties(device, dtype):
-    """Values in {-1, 0, 1} over a short H: most rows have many tied maxima scattered over the tiles."""
-    g = torch.Generator().manual_seed(8)
-    T, H, V, V_out = 40, 6, 500, 433
-    h = randint(-1, 2, T, H, dtype=dtype, device=device, gen=g)
-    W = randint(-1, 2, V, H, dtype=dtype, device=device, gen=g)
-    ids, _ = lm_head_rows(h, W, V_out)
-    assert ids.cpu().tolist() == exact_argmax(h, W, V_out).tolist()
-    exact = exact_logits(h, W, V_out).cpu()
-    assert ((exact == exact.max(dim=1, keepdim=True).values).sum(dim=1) > 1).float().mean() > 0.5
+    check_many_natural_ties(lm_head_rows, device, dtype, 40)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -94,14 +59,7 @@ def test_torch_argmax_takes_the_first_maximum(device, dtype):
 
 
 def test_padding_rows_never_win(device):
-    g = torch.Generator().manual_seed(9)
-    h = randn(40, 40, device=device, gen=g)
-    W = randn(200, 40, device=device, gen=g)
-    W[150:] = 100 * h[0]                                             # rows >= V_out would win row 0
-    ids, _ = lm_head_rows(h, W, 150)
-    assert (ids < 150).all()
-    assert torch.equal(ids, lm_head_argmax_torch(h, W, 150)[0])
-    assert lm_head_rows(h, W)[0][0].item() >= 150                     # without truncation they do win
+    check_padding_rows_never_win(lm_head_rows, device, 40)
 
 
 @pytest.mark.parametrize("many", [0, 10**9])
@@ -125,23 +83,7 @@ def test_greedy_tokens_takes_either_path(device, monkeypatch, many):
 
 
 def test_errors_name_the_argument(device):
-    h = torch.randn(3, 40, device=device)
-    W = torch.randn(100, 40, device=device)
-    with pytest.raises(ValueError, match="h must be"):
-        lm_head_rows(h[0], W)
-    with pytest.raises(ValueError, match="weight has dtype"):
-        lm_head_rows(h, W.double())
-    with pytest.raises(ValueError, match="weight has 41 columns"):
-        lm_head_rows(h, torch.randn(100, 41, device=device))
-    with pytest.raises(ValueError, match="vocab_out"):
-        lm_head_rows(h, W, 101)
-    with pytest.raises(ValueError, match="mup"):
-        lm_head_rows(h, W, 90, mup=0.0)
-    with pytest.raises(ValueError, match="contiguous"):
-        lm_head_rows(torch.randn(40, 3, device=device).T, W)
-    with pytest.raises(ValueError, match="ids_out"):
-        lm_head_rows(h, W, ids_out=torch.empty(3, dtype=torch.int32, device=device))
-    assert lm_head_rows(h[:0], W)[0].shape == (0,)
+    check_errors_name_the_argument(lm_head_rows, device)
 
 
 # ----------------------------------------------------------------------------- GPU: real sizes
@@ -183,18 +125,5 @@ def test_real_size_ties():
 
 @pytest.mark.gpu
 def test_captured_in_a_cuda_graph_without_host_sync():
-    g = torch.Generator(device="cuda").manual_seed(11)
-    H, T, V, V_out = 4096, 576, 32768, 32000
-    W = randn(V, H, dtype=torch.bfloat16, device="cuda", gen=g, scale=H ** -0.5)
-    h_static = randn(T, H, dtype=torch.bfloat16, device="cuda", gen=g)
-    ids_static = torch.empty(T, dtype=torch.int64, device="cuda")
-    vals_static = torch.empty(T, dtype=torch.float32, device="cuda")
-    lm_head_rows(h_static, W, V_out, 16.0, ids_static, vals_static)            # compile
-    graph = run_without_sync_then_capture(lambda: lm_head_rows(h_static, W, V_out, 16.0, ids_static, vals_static))
-    for _ in range(3):
-        h_static.copy_(randn(T, H, dtype=torch.bfloat16, device="cuda", gen=g))
-        poison(ids_static)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_is_argmax(ids_static, h_static, W, V_out, 16.0, vals_static)
-        assert torch.equal(ids_static, lm_head_rows(h_static, W, V_out, 16.0)[0])
+    """576 rows; each replay gives the ids of an uncaptured call."""
+    check_captured_in_a_cuda_graph(lm_head_rows, 576, lambda h, W, V_out: lm_head_rows(h, W, V_out, 16.0)[0])

@@ -4,56 +4,23 @@ reference, mutants of the kernels that the tests must catch, and on a GPU the re
 top-6, 2 shared) and a run without host sync, replayed from a CUDA graph."""
 
 import importlib
+from functools import partial
 
 import pytest
 import torch
-from helpers import (DTYPES, TOL, device, load_benchmark, poison, randint, randn,  # noqa: F401 (fixture)
-                     run_without_sync_then_capture)
+from helpers import DTYPES, device, load_benchmark, poison, randint, randn  # noqa: F401 (fixture)
+from moe_helpers import (SMALL, WIDTHS, assert_experts_match_twin, check_captured_in_a_cuda_graph,
+                         check_errors_name_the_argument, check_forced_routing, check_odd_widths_and_no_shared,
+                         check_routing, error_case, experts_case, params, random_routing, real_layer,
+                         reference_moe)
 
-from configs import tiny_config
 from inkling_fast.kernels.moe import moe, moe_experts, moe_experts_torch, moe_torch
 from inkling_fast.kernels.moe_router import moe_route, moe_route_torch
-from inkling_ref.moe import MoE
-from inkling_ref.random_init import randomize_
 from inkling_ref.testing import rel_l2
 from mutants import load_mutant
 
-SMALL = dict(H=64, F=32, R=16, K=3, S=2)          # CPU sizes (the interpreter is slow)
-
-
-def reference_moe(H, F, R, K, S, seed, dtype=torch.float32, route_scale=2.5) -> MoE:
-    cfg = tiny_config(hidden_size=H, moe_intermediate_size=F, n_routed_experts=R, num_experts_per_tok=K,
-                      n_shared_experts=S, route_scale=route_scale)
-    return randomize_(MoE(cfg), seed).to(dtype).eval()
-
-
-def params(m: MoE, dtype=None, device="cpu"):
-    """The reference module's tensors in the order of `moe` / `moe_torch` (after x)."""
-    t = lambda p, dt=dtype: p.detach().to(device=device, dtype=dt or p.dtype).contiguous()  # noqa: E731
-    return (t(m.router), t(m.router_bias, m.router_bias.dtype), t(m.gate_global_scale, m.router_bias.dtype),
-            m.route_scale,
-            m.top_k, t(m.experts_gate_up), t(m.experts_down), t(m.shared_gate_up), t(m.shared_down))
-
-
 def same_sets(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.long().sort(dim=1).values.cpu(), b.long().sort(dim=1).values.cpu())
-
-
-def random_routing(N, R, K, S, gen, collide=False):
-    """chosen [N, K] distinct per token (collide: every token picks experts 0..K-1, in shuffled order),
-    weights [N, K + S] positive, not normalized (the expert kernels must not assume it)."""
-    if collide:
-        chosen = torch.stack([torch.randperm(K, generator=gen) for _ in range(N)])
-    else:
-        chosen = torch.stack([torch.randperm(R, generator=gen)[:K] for _ in range(N)])
-    return chosen, torch.rand(N, K + S, generator=gen) + 0.1
-
-
-def expert_weights(R, S, F, H, dtype, device, gen):
-    return (randn(R, 2 * F, H, dtype=dtype, device=device, gen=gen, scale=H ** -0.5),
-            randn(R, H, F, dtype=dtype, device=device, gen=gen, scale=F ** -0.5),
-            randn(S, 2 * F, H, dtype=dtype, device=device, gen=gen, scale=H ** -0.5) if S else None,
-            randn(S, H, F, dtype=dtype, device=device, gen=gen, scale=F ** -0.5) if S else None)
 
 
 # ----------------------------------------------------------------------------- twin vs reference
@@ -118,32 +85,15 @@ def test_route_ties_go_to_the_lower_expert(device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,collide", [(1, False), (3, False), (17, False), (40, True), (5, True)])
 def test_experts_kernel_matches_twin(device, dtype, N, collide):
-    H, F, R, K, S = SMALL.values()
-    g = torch.Generator().manual_seed(20 + N)
-    x = randn(N, H, dtype=dtype, device=device, gen=g)
-    chosen, weights = random_routing(N, R, K, S, g, collide)
-    chosen, weights = chosen.to(device), weights.to(device)
-    w = expert_weights(R, S, F, H, dtype, device, g)
-    out = poison(torch.empty(N, H, dtype=dtype, device=device))
-    y = moe_experts(x, chosen.int(), weights, *w, out=out)
-    assert y is out
-    assert rel_l2(y, moe_experts_torch(x, chosen, weights, *w)) <= TOL[dtype]
-    if dtype == torch.bfloat16:        # and against float64 math on the same (bf16) values
-        want = moe_experts_torch(x.double(), chosen, weights.double(), *[t.double() for t in w])
-        assert rel_l2(y, want) <= TOL[dtype]
+    x, chosen, weights, w = experts_case(N, *SMALL.values(), dtype, device, seed=20 + N,
+                                         routing=partial(random_routing, collide=collide))
+    assert_experts_match_twin(moe_experts, moe_experts_torch, x, chosen.int(), weights, w)
 
 
 @pytest.mark.parametrize("H,F,S", [(40, 24, 2), (64, 32, 0), (72, 40, 1)])
 def test_experts_odd_widths_and_no_shared(device, H, F, S):
     """H, F not multiples of the tiles (masked K loops and tiles), and S = 0 (no shared experts)."""
-    R, K, N = 7, 2, 6
-    g = torch.Generator().manual_seed(H + F + S)
-    x = randn(N, H, device=device, gen=g)
-    chosen, weights = random_routing(N, R, K, S, g)
-    chosen, weights = chosen.to(device), weights.to(device)
-    w = expert_weights(R, S, F, H, torch.float32, device, g)
-    y = moe_experts(x, chosen, weights, *w, out=poison(torch.empty(N, H, device=device)))
-    assert rel_l2(y, moe_experts_torch(x, chosen, weights, *w)) <= 1e-5
+    check_odd_widths_and_no_shared(moe_experts, moe_experts_torch, device, H, F, S, N=6)
 
 
 # ----------------------------------------------------------------------------- the whole layer
@@ -163,15 +113,7 @@ def test_moe_kernel_matches_reference(device, N):
 def test_moe_forced_routing(device, dtype):
     """A huge selection bias on experts 5, 6, 7 sends every token there (a collision of 20 tokens per
     expert): the outputs still match the reference (the bias picks, it does not weigh)."""
-    m = reference_moe(**SMALL, seed=40)
-    with torch.no_grad():
-        m.router_bias[[5, 6, 7]] = 50.0
-        x = randn(20, SMALL["H"], gen=torch.Generator().manual_seed(41))
-        want = m(x)
-    p = params(m, dtype=dtype, device=device)          # router and experts in dtype, bias and scale fp32
-    chosen, _ = moe_route(x.to(device, dtype), *p[:5])
-    assert (chosen.sort(1).values == torch.tensor([5, 6, 7], device=device, dtype=torch.int32)).all()
-    assert rel_l2(moe(x.to(device, dtype), *p), want) <= TOL[dtype]
+    check_forced_routing(moe, device, dtype, N=20)
 
 
 MUTANTS = {  # name: edits of inkling_fast (file, old, new)
@@ -217,74 +159,22 @@ def test_mutants_are_caught(tmp_path, device, name):
 
 
 def test_errors_name_the_argument(device):
-    H, F, R, K, S = SMALL.values()
-    g = torch.Generator().manual_seed(60)
-    x = randn(3, H, device=device, gen=g)
-    w13, w2, s13, s2 = expert_weights(R, S, F, H, torch.float32, device, g)
-    chosen, weights = random_routing(3, R, K, S, g)
-    chosen, weights = chosen.to(device), weights.to(device)
-    with pytest.raises(ValueError, match="x must be"):
-        moe_experts(x[0], chosen, weights, w13, w2, s13, s2)
-    with pytest.raises(ValueError, match="w2 has shape"):
-        moe_experts(x, chosen, weights, w13, w2[:, :, :-1], s13, s2)
-    with pytest.raises(ValueError, match="w13 must be"):
-        moe_experts(x, chosen, weights, w13.bfloat16(), w2, s13, s2)
-    with pytest.raises(ValueError, match="shared_w13 and shared_w2"):
-        moe_experts(x, chosen, weights, w13, w2, s13, None)
-    with pytest.raises(ValueError, match="weights has shape"):
-        moe_experts(x, chosen, weights[:, :K], w13, w2, s13, s2)
-    with pytest.raises(ValueError, match="chosen must be"):
-        moe_experts(x, chosen.float(), weights, w13, w2, s13, s2)
+    """The checks shared with the many-token path, and those of the few-token path alone: its token limit
+    and the router's own arguments."""
+    check_errors_name_the_argument(moe_experts, moe, device)
+    x, chosen, weights, w, router, bias, scale = error_case(device)
+    K = chosen.shape[1]
     with pytest.raises(ValueError, match="at most 256"):
-        moe_experts(randn(257, H, device=device, gen=g), chosen, weights, w13, w2, s13, s2)
-    router = randn(R + S, H, device=device, gen=g)
-    bias, scale = torch.zeros(R, device=device), torch.ones(1, device=device)
+        moe_experts(torch.zeros(257, x.shape[1], device=device), chosen, weights, *w)
     with pytest.raises(ValueError, match="top_k"):
-        moe_route(x, router, bias, scale, 2.5, R + 1)
+        moe_route(x, router, bias, scale, 2.5, bias.shape[0] + 1)
     with pytest.raises(ValueError, match="gate_global_scale"):
         moe_route(x, router, bias, torch.ones(2, device=device), 2.5, K)
     with pytest.raises(ValueError, match="router_weight has shape"):
         moe_route(x, router[:, :-1], bias, scale, 2.5, K)
-    with pytest.raises(ValueError, match="must add up"):
-        moe(x, router[:-1], bias, scale, 2.5, K, w13, w2, s13, s2)
 
 
 # ----------------------------------------------------------------------------- GPU: real sizes
-WIDTHS = {"Inkling-Small": (4096, 2048), "Inkling": (6144, 3072)}
-R_REAL, K_REAL, S_REAL, ROUTE_SCALE = 256, 6, 2, 8.0
-
-
-def real_layer(H, F, seed):
-    """Random bf16 weights at real size, drawn on the GPU (29 GB for Inkling)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    r = lambda *s, std: (torch.randn(*s, device="cuda", generator=g) * std).bfloat16()  # noqa: E731
-    router = r(R_REAL + S_REAL, H, std=2.0 / H ** 0.5)
-    bias = torch.randn(R_REAL, device="cuda", generator=g) * 0.2
-    scale = torch.tensor([1.3], device="cuda")
-    w13 = torch.empty(R_REAL, 2 * F, H, dtype=torch.bfloat16, device="cuda")
-    w2 = torch.empty(R_REAL, H, F, dtype=torch.bfloat16, device="cuda")
-    for e in range(0, R_REAL, 32):    # in slices: no float32 copy of the whole tensor
-        w13[e: e + 32] = r(min(32, R_REAL - e), 2 * F, H, std=H ** -0.5)
-        w2[e: e + 32] = r(min(32, R_REAL - e), H, F, std=F ** -0.5)
-    return router, bias, scale, ROUTE_SCALE, K_REAL, w13, w2, r(S_REAL, 2 * F, H, std=H ** -0.5), \
-        r(S_REAL, H, F, std=F ** -0.5)
-
-
-def check_routing(chosen, weights, x, layer):
-    """The kernel's routing against the twin: the same sets except at near ties of the k-th score
-    (different float32 summation orders), where the kernel's pick must be within 1e-5 of the twin's."""
-    chosen_t, weights_t = moe_route_torch(x, *layer[:5])
-    R = layer[1].shape[0]
-    s = torch.sigmoid(x.float() @ layer[0].float().T)[:, :R] + layer[1]
-    kth = s.gather(1, chosen_t).min(1).values
-    ok = torch.tensor([set(a) == set(b) for a, b in zip(chosen.tolist(), chosen_t.tolist())], device=x.device)
-    near = (s.gather(1, chosen.long()).min(1).values - kth).abs() <= 1e-5
-    assert (ok | near).all() and (~ok).sum().item() <= max(1, len(ok) // 10)
-    order, order_t = chosen.long().argsort(1), chosen_t.argsort(1)
-    K = chosen.shape[1]
-    assert rel_l2(weights[ok][:, :K].gather(1, order[ok]), weights_t[ok][:, :K].gather(1, order_t[ok])) <= 1e-5
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("width", list(WIDTHS))
 def test_real_sizes(width):
@@ -305,21 +195,8 @@ def test_real_sizes(width):
 
 @pytest.mark.gpu
 def test_without_host_sync_in_a_cuda_graph():
-    H, F = WIDTHS["Inkling-Small"]
-    layer = real_layer(H, F, seed=7)
-    g = torch.Generator(device="cuda").manual_seed(8)
-    N = 8
-    x = torch.randn(N, H, device="cuda", generator=g).bfloat16()
-    y = torch.empty(N, H, dtype=torch.bfloat16, device="cuda")
-    moe(x, *layer, out=y)                           # compile outside the checked region
-    graph = run_without_sync_then_capture(lambda: moe(x, *layer, out=y))
-    for _ in range(3):
-        x.copy_(torch.randn(N, H, device="cuda", generator=g).bfloat16())
-        poison(y)
-        graph.replay()
-        torch.cuda.synchronize()
-        chosen, weights = moe_route(x, *layer[:5])
-        assert rel_l2(y, moe_experts_torch(x, chosen.long(), weights, *layer[5:])) <= 1e-2
+    layer = real_layer(*WIDTHS["Inkling-Small"], seed=7)
+    check_captured_in_a_cuda_graph(moe, moe_experts_torch, layer, N=8, same_bits_as_eager=False)
 
 
 def test_benchmark_dry_run():

@@ -5,10 +5,15 @@ and against the few-token `moe`, the dispatch in forward.mlp_forward, errors, an
 widths (256 experts, top-6, 2 shared) at 37 and 576 tokens, all 4096 tokens on six experts, determinism, and
 a run without host sync that is captured in a CUDA graph and replayed."""
 
+from functools import partial
+
 import pytest
 import torch
-from helpers import TOL, device, load_benchmark, poison, randn, run_without_sync_then_capture  # noqa: F401 (fixture)
-from test_moe import WIDTHS, check_routing, expert_weights, params, random_routing, real_layer, reference_moe
+from helpers import TOL, device, load_benchmark, poison, randn  # noqa: F401 (fixture)
+from moe_helpers import (SMALL, WIDTHS, assert_experts_match_twin, check_captured_in_a_cuda_graph,
+                         check_errors_name_the_argument, check_forced_routing, check_odd_widths_and_no_shared,
+                         check_routing, error_case, expert_weights, experts_case, params, random_routing,
+                         real_layer, reference_moe)
 
 from inkling_fast import forward
 from inkling_fast.kernels.moe import moe, moe_torch
@@ -17,8 +22,6 @@ from inkling_fast.kernels.moe_grouped import (block_m_for, moe_grouped, moe_grou
 from inkling_fast.kernels.moe_router import moe_route
 from inkling_fast.weights import MoEWeights
 from inkling_ref.testing import rel_l2
-
-SMALL = dict(H=64, F=32, R=16, K=3, S=2)          # CPU sizes (the interpreter is slow)
 
 
 # ----------------------------------------------------------------------------- twin
@@ -56,19 +59,9 @@ def test_twin_bf16_rounds_act_once():
 def test_experts_kernel_matches_twin(device, dtype, N, block_m):
     """Odd token counts; 37 tokens at 16 rows per tile (tiles with padding rows, experts over two tiles),
     300 at the default (64 rows: more than `moe` takes)."""
-    H, F, R, K, S = SMALL.values()
-    g = torch.Generator().manual_seed(20 + N)
-    x = randn(N, H, dtype=dtype, device=device, gen=g)
-    chosen, weights = random_routing(N, R, K, S, g)
-    chosen, weights = chosen.to(device), weights.to(device)
-    w = expert_weights(R, S, F, H, dtype, device, g)
-    out = poison(torch.empty(N, H, dtype=dtype, device=device))
-    y = moe_grouped_experts(x, chosen.int(), weights, *w, out=out, block_m=block_m)
-    assert y is out
-    assert rel_l2(y, moe_grouped_experts_torch(x, chosen, weights, *w)) <= TOL[dtype]
-    if dtype == torch.bfloat16:        # and against float64 math on the same (bf16) values
-        want = moe_grouped_experts_torch(x.double(), chosen, weights.double(), *[t.double() for t in w])
-        assert rel_l2(y, want) <= TOL[dtype]
+    x, chosen, weights, w = experts_case(N, *SMALL.values(), dtype, device, seed=20 + N)
+    experts = partial(moe_grouped_experts, block_m=block_m)
+    assert_experts_match_twin(experts, moe_grouped_experts_torch, x, chosen.int(), weights, w)
 
 
 def routing_case(name: str, N: int, R: int, K: int, S: int, gen):
@@ -88,26 +81,17 @@ def test_experts_routing_extremes(device, name, K, S, block_m):
     """One expert takes all 41 tokens (three tiles of 16, the last one padded) and all the others are
     empty: the tile -> expert plan must skip every empty expert, before and after the full one."""
     H, F, R, N = 64, 32, 16, 41
-    g = torch.Generator().manual_seed(len(name))
-    x = randn(N, H, device=device, gen=g)
-    chosen, weights = routing_case(name, N, R, K, S, g)
-    chosen, weights = chosen.to(device), weights.to(device)
-    w = expert_weights(R, S, F, H, torch.float32, device, g)
-    y = moe_grouped_experts(x, chosen, weights, *w, out=poison(torch.empty(N, H, device=device)), block_m=block_m)
-    assert rel_l2(y, moe_grouped_experts_torch(x, chosen, weights, *w)) <= 1e-5
+    x, chosen, weights, w = experts_case(N, H, F, R, K, S, torch.float32, device, seed=len(name),
+                                         routing=partial(routing_case, name))
+    experts = partial(moe_grouped_experts, block_m=block_m)
+    assert_experts_match_twin(experts, moe_grouped_experts_torch, x, chosen, weights, w)
 
 
 @pytest.mark.parametrize("H,F,S,block_m", [(40, 24, 2, 16), (64, 40, 0, 32), (72, 40, 1, None)])
 def test_experts_odd_widths_and_no_shared(device, H, F, S, block_m):
     """H, F not multiples of the tiles (masked K loops and column tiles), and S = 0."""
-    R, K, N = 7, 2, 19
-    g = torch.Generator().manual_seed(H + F + S)
-    x = randn(N, H, device=device, gen=g)
-    chosen, weights = random_routing(N, R, K, S, g)
-    chosen, weights = chosen.to(device), weights.to(device)
-    w = expert_weights(R, S, F, H, torch.float32, device, g)
-    y = moe_grouped_experts(x, chosen, weights, *w, out=poison(torch.empty(N, H, device=device)), block_m=block_m)
-    assert rel_l2(y, moe_grouped_experts_torch(x, chosen, weights, *w)) <= 1e-5
+    experts = partial(moe_grouped_experts, block_m=block_m)
+    check_odd_widths_and_no_shared(experts, moe_grouped_experts_torch, device, H, F, S, N=19)
 
 
 def test_block_m_follows_tokens_per_expert():
@@ -133,17 +117,7 @@ def test_moe_grouped_matches_reference(device):
 def test_moe_grouped_forced_routing(device, dtype):
     """A huge selection bias on experts 5, 6, 7 sends all 45 tokens there (three full experts, the other
     13 empty): the outputs still match the reference (the bias picks, it does not weigh)."""
-    m = reference_moe(**SMALL, seed=40)
-    with torch.no_grad():
-        m.router_bias[[5, 6, 7]] = 50.0
-        x = randn(45, SMALL["H"], gen=torch.Generator().manual_seed(41))
-        want = m(x)
-    p = params(m, dtype=dtype, device=device)
-    chosen, _ = moe_route(x.to(device, dtype), *p[:5])
-    assert (chosen.sort(1).values == torch.tensor([5, 6, 7], device=device, dtype=torch.int32)).all()
-    y = moe_grouped(x.to(device, dtype), *p)
-    assert rel_l2(y, want) <= TOL[dtype]
-    assert torch.equal(moe_grouped(x.to(device, dtype), *p), y)      # deterministic: bit for bit again
+    check_forced_routing(moe_grouped, device, dtype, N=45)
 
 
 def test_no_tokens(device):
@@ -179,36 +153,11 @@ def test_mlp_forward_takes_either_path(device, monkeypatch, many):
 
 
 def test_errors_name_the_argument(device):
-    H, F, R, K, S = SMALL.values()
-    g = torch.Generator().manual_seed(60)
-    x = randn(3, H, device=device, gen=g)
-    w13, w2, s13, s2 = expert_weights(R, S, F, H, torch.float32, device, g)
-    chosen, weights = random_routing(3, R, K, S, g)
-    chosen, weights = chosen.to(device), weights.to(device)
-    with pytest.raises(ValueError, match="x must be"):
-        moe_grouped_experts(x[0], chosen, weights, w13, w2, s13, s2)
-    with pytest.raises(ValueError, match="w2 has shape"):
-        moe_grouped_experts(x, chosen, weights, w13, w2[:, :, :-1], s13, s2)
-    with pytest.raises(ValueError, match="w13 must be"):
-        moe_grouped_experts(x, chosen, weights, w13.bfloat16(), w2, s13, s2)
-    with pytest.raises(ValueError, match="shared_w13 and shared_w2"):
-        moe_grouped_experts(x, chosen, weights, w13, w2, s13, None)
-    with pytest.raises(ValueError, match="weights has shape"):
-        moe_grouped_experts(x, chosen, weights[:, :K], w13, w2, s13, s2)
-    with pytest.raises(ValueError, match="chosen must be"):
-        moe_grouped_experts(x, chosen.float(), weights, w13, w2, s13, s2)
+    """The checks shared with the few-token path, and block_m."""
+    check_errors_name_the_argument(moe_grouped_experts, moe_grouped, device)
+    x, chosen, weights, w, *_ = error_case(device)
     with pytest.raises(ValueError, match="block_m must be"):
-        moe_grouped_experts(x, chosen, weights, w13, w2, s13, s2, block_m=24)
-    with pytest.raises(ValueError, match="out has shape"):
-        moe_grouped_experts(x, chosen, weights, w13, w2, s13, s2, out=torch.empty(4, H, device=device))
-    router = randn(R + S, H, device=device, gen=g)
-    bias, scale = torch.zeros(R, device=device), torch.ones(1, device=device)
-    with pytest.raises(ValueError, match="top_k"):
-        moe_grouped(x, router, bias, scale, 2.5, R + 1, w13, w2, s13, s2)
-    with pytest.raises(ValueError, match="must add up"):
-        moe_grouped(x, router[:-1], bias, scale, 2.5, K, w13, w2, s13, s2)
-    with pytest.raises(ValueError, match="route_scale"):
-        moe_grouped(x, router, bias, scale, float("nan"), K, w13, w2, s13, s2)
+        moe_grouped_experts(x, chosen, weights, *w, block_m=24)
 
 
 # ----------------------------------------------------------------------------- GPU: Inkling-Small
@@ -259,21 +208,8 @@ def test_real_size_all_tokens_on_six_experts(small_layer):
 def test_without_host_sync_in_a_cuda_graph(small_layer):
     """576 tokens (batch 64 x 9 verify rows): no host sync inside (sync debug mode 'error'), captured in a
     CUDA graph, replayed on new inputs: the replay equals an eager call bit for bit."""
-    H, layer = WIDTHS["Inkling-Small"][0], small_layer
-    g = torch.Generator(device="cuda").manual_seed(8)
-    N = 576
-    x = torch.randn(N, H, device="cuda", generator=g).bfloat16()
-    y = torch.empty(N, H, dtype=torch.bfloat16, device="cuda")
-    moe_grouped(x, *layer, out=y)                    # compile outside the checked region
-    graph = run_without_sync_then_capture(lambda: moe_grouped(x, *layer, out=y))
-    for _ in range(3):
-        x.copy_(torch.randn(N, H, device="cuda", generator=g).bfloat16())
-        poison(y)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, moe_grouped(x, *layer))
-        chosen, weights = moe_route(x, *layer[:5])
-        assert rel_l2(y, moe_grouped_experts_torch(x, chosen.long(), weights, *layer[5:])) <= TOL[torch.bfloat16]
+    check_captured_in_a_cuda_graph(moe_grouped, moe_grouped_experts_torch, small_layer, N=576,
+                                   same_bits_as_eager=True)
 
 
 def test_benchmark_dry_run():
