@@ -93,7 +93,8 @@ else:
                 serve_requests=128, serve_ks=(0, 2, 4, 8), serve_batch=32, serve_prompt=(32, 1024),
                 serve_out=(16, 256), serve_repeats=2)
 
-GRID.update(json.loads(os.environ.get("INKLING_BENCH_GRID", "{}")))  # e.g. '{"req_repeats": 2}': a smaller run
+GRID.update((key, tuple(v) if isinstance(v, list) else v)   # JSON lists as the tuples above
+            for key, v in json.loads(os.environ.get("INKLING_BENCH_GRID", "{}")).items())  # e.g. '{"req_repeats": 2}': a smaller run
 
 
 # ============================================================================ timing
