@@ -320,6 +320,8 @@ def test_demo_validation_with_a_host_term():
     for r in old["demo"]["end_to_end"]:
         r.pop("steady_ms_per_cycle", None)
     assert cm.host_overhead_ms(old) is None
+    hidden = demo_engine(host_ms=-0.05)   # an overlapped loop: wall per cycle below the captured cycle
+    assert cm.host_overhead_ms(hidden) == 0.0
 
 
 def test_demo_validation_from_decode_rates_without_a_k0_cycle():
