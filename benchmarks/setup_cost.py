@@ -8,7 +8,10 @@ Each scenario runs in a fresh Python process with TRITON_CACHE_DIR pointing at a
 or at the folder a previous cold run filled (warm). Inside it, Triton's JIT compile step, the
 autotuner's benchmarking and the engine's graph capture are wrapped with timers, so the setup splits
 into: imports, checkpoint load, engine construction, then the first `generate` call (compilations,
-autotuning, captures, and the decoding itself) and a second identical call (steady state).
+autotuning, captures, and the decoding itself) and a second identical call (steady state). A third
+scenario, `concurrent`, starts from another empty folder and calls `Engine.build_kernels` before the
+first `generate` (the concurrent build-only trace that `Engine.warmup` and the CLI use): its compile
+timers then measure submissions only, and `t_build` is the wall time of all the builds.
 
 Workloads: `readme`, the README's command (prompt "def fibonacci(n):", batch 1, greedy, k = 4,
 64 new tokens, float32 as the CLI runs it, on the bundled checkpoint) and `batch8`, 8 prompts sampled at temperature 0.8
@@ -34,7 +37,7 @@ PROMPT = "def fibonacci(n):"
 
 
 # ============================================================================ child: one scenario
-def child(workload: str) -> dict:
+def child(workload: str, concurrent: bool) -> dict:
     t0 = time.perf_counter()
     import torch
     import triton
@@ -101,6 +104,11 @@ def child(workload: str) -> dict:
     torch.cuda.synchronize()
     t_engine = time.perf_counter() - s
     setup_compiles = {n: list(v) for n, v in compiles.items()}
+    t_build = None
+    if concurrent:
+        s = time.perf_counter()
+        engine.build_kernels(prompts, **kw)
+        t_build = time.perf_counter() - s
 
     def gen():
         s = time.perf_counter()
@@ -115,7 +123,7 @@ def child(workload: str) -> dict:
     return dict(workload=workload, triton=triton.__version__, torch=torch.__version__,
                 gpu=torch.cuda.get_device_name(), t_import=t_import, t_load=t_load, t_engine=t_engine,
                 t_first_generate=t_first, t_second_generate=t_second, t_third_generate=t_third,
-                tokens=tokens, first_elapsed_s=r1.elapsed_s, second_elapsed_s=r2.elapsed_s,
+                t_build=t_build, tokens=tokens, first_elapsed_s=r1.elapsed_s, second_elapsed_s=r2.elapsed_s,
                 compiles={n: dict(count=len(v), seconds=sum(v)) for n, v in compiles.items()},
                 compiles_at_construction={n: len(v) for n, v in setup_compiles.items()},
                 autotunes={n: dict(count=len(v), seconds=sum(v)) for n, v in autotunes.items()},
@@ -123,9 +131,10 @@ def child(workload: str) -> dict:
 
 
 # ============================================================================ parent
-def run_child(src: Path, workload: str, cache: Path) -> dict:
+def run_child(src: Path, workload: str, cache: Path, concurrent: bool = False) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=f"{src}{os.pathsep}{ROOT}")
-    p = subprocess.run([sys.executable, __file__, "--child", workload], env=env, capture_output=True, text=True)
+    cmd = [sys.executable, __file__, "--child", workload] + (["--concurrent"] if concurrent else [])
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"scenario {workload} failed:\n{p.stderr[-4000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -146,6 +155,7 @@ def time_cli(src: Path, engine: str, cache: Path) -> dict:
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", default=None)
+    ap.add_argument("--concurrent", action="store_true", help="child: Engine.build_kernels before generate")
     ap.add_argument("--out", default=None)
     ap.add_argument("--src", default=str(ROOT), help="source tree whose inkling_ref / inkling_fast are measured")
     ap.add_argument("--label", default="")
@@ -153,18 +163,21 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--no-cli", action="store_true", help="skip timing the command line")
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child)))
+        print(json.dumps(child(args.child, args.concurrent)))
         return
     src, out = Path(args.src).resolve(), Path(args.out or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
     res = dict(src=str(src), scenarios=[], cli=[])
     for workload in [w for w in args.workloads.split(",") if w]:
         cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
-        for state in ("cold", "warm"):
-            r = run_child(src, workload, cache)
+        for state in ("cold", "warm", "concurrent"):
+            if state == "concurrent":
+                cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
+            r = run_child(src, workload, cache, concurrent=state == "concurrent")
             r["cache"] = state
             res["scenarios"].append(r)
-            print(f"{workload:7s} {state}: import {r['t_import']:.1f} s, load {r['t_load']:.1f} s, engine "
+            build = "" if r["t_build"] is None else f"build_kernels {r['t_build']:.1f} s, "
+            print(f"{workload:7s} {state}: {build}import {r['t_import']:.1f} s, load {r['t_load']:.1f} s, engine "
                   f"{r['t_engine']:.1f} s, first generate {r['t_first_generate']:.2f} s, second "
                   f"{r['t_second_generate']:.3f} s; compiles {sum(c['count'] for c in r['compiles'].values())} "
                   f"({sum(c['seconds'] for c in r['compiles'].values()):.1f} s), autotune "

@@ -77,8 +77,8 @@ from .kernels.rejection import rejection_sample
 from .kernels.common import interpreting
 from .kernels.sampling import sample_tokens, sampling_probs
 from .kernels.uniforms import philox_uniforms
-from .prefill_plan import default_prefill_lengths, plan_prefill_pass
-from .warmup import SetupReport, warmup
+from .prefill_plan import default_prefill_lengths, plan_prefill_pass, prefill_passes
+from .warmup import SetupReport, build_concurrently, warmup
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PASS_META = ("slot", "start", "length", "prompt_len", "stop", "eos", "seed", "last")  # prefill row columns
@@ -593,6 +593,35 @@ class Engine:
         event.record()
         return host, event
 
+    def padding_input(self, key: tuple) -> torch.Tensor:
+        """The device input of the step `key` with every row padding (on the scratch slot, writing nothing
+        else): what a graph is captured on. key: ("cycle", B, k, mode) or ("prefill", B, T, k, mode)."""
+        if key[0] == "cycle":
+            return torch.full((key[1],), -1, dtype=torch.int32, device=self.device)
+        _, B, T, k, _ = key
+        pad = torch.zeros(B, META + T + k, dtype=torch.int64, device=self.device)
+        pad[:, 0] = self.state.scratch
+        return pad
+
+    def padding_step(self, key: tuple) -> torch.Tensor:
+        """Run the step `key` once on its padding input (eagerly; only the scratch slot changes)."""
+        if key[0] == "cycle":
+            _, B, k, mode = key
+            return self.cycle_rows(self.padding_input(key), k, mode)
+        _, B, T, k, mode = key
+        return self.prefill_rows(self.padding_input(key), T, k, mode)
+
+    def request_steps(self, prompt_lengths: list[int], k: int, mode: DecodeMode) -> list[tuple]:
+        """The step keys a `generate` of prompts of these lengths runs: the prefill passes of the prompts
+        admitted at the start (the first max_batch_size; later admissions depend on when sequences
+        finish), then a cycle at every batch size up to the one that holds them (sequences finish at
+        different cycles, so the batch shrinks)."""
+        first = prompt_lengths[: self.max_batch_size]
+        passes = prefill_passes(first, self.prefill_lengths, self.batch_sizes, self.prefill_tokens)
+        top = self.batch_size_for(len(first))
+        return [("prefill", B, T, k, mode) for B, T in dict.fromkeys(passes)] + \
+               [("cycle", B, k, mode) for B in self.batch_sizes if B <= top]
+
     def _run_step(self, key: tuple, fn, padding_input, host_input: torch.Tensor) -> torch.Tensor:
         """fn(device input) as a graph replay (captured on first use) or eagerly."""
         if not self.use_cuda_graphs:
@@ -606,7 +635,7 @@ class Engine:
         B = self.batch_size_for(len(slots))
         rows = torch.tensor(slots + [-1] * (B - len(slots)), dtype=torch.int32)
         out = self._run_step(("cycle", B, k, mode), lambda r: self.cycle_rows(r, k, mode),
-                             lambda: torch.full((B,), -1, dtype=torch.int32, device=self.device), rows)
+                             lambda: self.padding_input(("cycle", B, k, mode)), rows)
         return self._fetch(out)
 
     @torch.no_grad()
@@ -638,12 +667,8 @@ class Engine:
             seq.prefilled = c1
             last.append(c1 == L)
 
-        def padding() -> torch.Tensor:
-            pad = torch.zeros(B, META + T + k, dtype=torch.int64, device=self.device)
-            pad[:, 0] = self.state.scratch
-            return pad
-
-        out = self._run_step(("prefill", B, T, k, mode), lambda r: self.prefill_rows(r, T, k, mode), padding, rows)
+        key = ("prefill", B, T, k, mode)
+        out = self._run_step(key, lambda r: self.prefill_rows(r, T, k, mode), lambda: self.padding_input(key), rows)
         host, event = self._fetch(out)
         tokens = int(rows[:, 2].sum())
         timing = StepTiming("prefill", (B, T), len(seqs), tokens, t0, host_s=time.perf_counter() - t0)
@@ -664,11 +689,18 @@ class Engine:
         validate(limits, prompts, max_new_tokens, k, draft_sampling, seed, eos_token_id)
 
     def warmup(self, prompt_ids, **generate_kwargs) -> "SetupReport":
-        """Pay a request's setup up front: run `generate(prompt_ids, **generate_kwargs)` once and discard
-        it, so the kernels and CUDA graphs those shapes need exist (warmup.py). Returns its SetupReport
-        (seconds, kernel specializations built, graphs captured); a later call with the same shapes
-        builds and captures nothing."""
+        """Pay a request's setup up front: build the kernels its steps need (`build_kernels`), then run
+        `generate(prompt_ids, **generate_kwargs)` once and discard it, so that the CUDA graphs of those
+        shapes are captured too (warmup.py). Returns its SetupReport (seconds, kernel specializations
+        built, graphs captured); a later call with the same shapes builds and captures nothing."""
         return warmup(self, prompt_ids, **generate_kwargs)
+
+    def build_kernels(self, prompt_ids, **generate_kwargs) -> None:
+        """Build, on a pool of threads, the Triton kernel specializations that
+        `generate(prompt_ids, **generate_kwargs)` needs for its steps (`request_steps`), without running
+        any of them (warmup.build_concurrently). A no-op under the interpreter."""
+        prompts, k, mode = self._request(prompt_ids, **generate_kwargs)
+        build_concurrently(self, self.request_steps([len(p) for p in prompts], k, mode))
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int | list[int], num_speculative_tokens: int | None = None,
@@ -681,10 +713,8 @@ class Engine:
         engine's default; see the module docstring). Host timings are left in `self.timings` (per
         step) and `self.request_times` (per prompt: when its first token and its last were booked),
         time.perf_counter seconds from `self.started_s`."""
-        prompts = normalize_prompts(prompt_ids)
-        k = self.k if num_speculative_tokens is None else num_speculative_tokens
-        mode = DecodeMode(SamplingParams(temperature, top_k, top_p), draft_sampling)
-        self.validate(prompts, max_new_tokens, k, draft_sampling, seed, eos_token_id)
+        prompts, k, mode = self._request(prompt_ids, max_new_tokens, num_speculative_tokens, temperature, top_k,
+                                         top_p, draft_sampling, seed, eos_token_id)
         overlap = self.overlap if overlap is None else overlap
         limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
         t0 = self.started_s = time.perf_counter()
@@ -730,6 +760,16 @@ class Engine:
         stats = AcceptanceStats.from_cycles(k, [c for s in seqs for c in s.cycles])
         return GenerationResult(token_ids=[s.out for s in seqs], cycles=[s.cycles for s in seqs], stats=stats,
                                 elapsed_s=elapsed)
+
+    def _request(self, prompt_ids, max_new_tokens: int | list[int], num_speculative_tokens: int | None = None,
+                 temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                 draft_sampling: str = "greedy", seed: int | None = None, eos_token_id: int | None = None,
+                 overlap: bool | None = None) -> tuple[list[list[int]], int, DecodeMode]:
+        """generate's arguments checked: (prompts, k, decode mode); `overlap` changes no step."""
+        prompts = normalize_prompts(prompt_ids)
+        k = self.k if num_speculative_tokens is None else num_speculative_tokens
+        self.validate(prompts, max_new_tokens, k, draft_sampling, seed, eos_token_id)
+        return prompts, k, DecodeMode(SamplingParams(temperature, top_k, top_p), draft_sampling)
 
     def _sequence(self, i: int, prompt: list[int], max_new_tokens: int, k: int, mode: DecodeMode, seed: int,
                   eos_token_id: int | None) -> _Sequence:

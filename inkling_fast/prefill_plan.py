@@ -48,3 +48,15 @@ def plan_prefill_pass(remaining: list[int], lengths: list[int], batch_sizes: lis
         raise ValueError(f"no prefill pass fits the budget of {budget} tokens: the smallest batch size "
                          f"{min(batch_sizes)} times the shortest length {min(lengths)} exceeds it")
     return best[1], best[2], best[3]
+
+
+def prefill_passes(prompt_lengths: list[int], lengths: list[int], batch_sizes: list[int],
+                   budget: int) -> list[tuple[int, int]]:
+    """(B, T) of every pass, in order, that prefills prompts of these lengths admitted together (passes of
+    plan_prefill_pass until no prompt has tokens left)."""
+    remaining, passes = list(prompt_lengths), []
+    while remaining:
+        rows, T, B = plan_prefill_pass(remaining, lengths, batch_sizes, budget)
+        passes.append((B, T))
+        remaining = [r - T for r in remaining[:rows] if r > T] + remaining[rows:]
+    return passes

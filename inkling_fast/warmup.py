@@ -3,25 +3,51 @@
 A request's first call on an `Engine` does work that later calls of the same shapes skip:
 
     kernel specializations   each Triton kernel is built once per set of compile-time constants the
-                             call needs (block sizes, flags, head sizes); from source when Triton's
-                             on-disk cache (TRITON_CACHE_DIR, ~/.triton/cache) does not have it yet,
-                             loaded from that cache otherwise
+                             call needs (block sizes, flags, head sizes) and per class of its other
+                             arguments; from source when Triton's on-disk cache (TRITON_CACHE_DIR,
+                             ~/.triton/cache) does not have it yet, loaded from that cache otherwise
     CUDA graphs              one per cycle shape (batch size, k, decode mode) and per prefill pass
                              shape (batch size, chunk length, k, mode), captured on first use after two
                              eager runs of the step
 
-`warmup(engine, prompt_ids, **generate_kwargs)` runs the request once, discards its result, and
-returns a `SetupReport`: the seconds it took, how many kernel specializations were built and how
-many graphs were captured. A second `generate` with the same shapes then runs at steady speed.
-Counting uses Triton's public post-compile hook (`triton.knobs.runtime.jit_post_compile_hook`);
-under the interpreter, or on a Triton without that hook, the count is None.
+Built one after the other, as the steps first launch them, the specializations of a request take
+most of a cold first call: each build is a compiler pipeline of about a second. They are independent,
+so `build_concurrently` builds them on a pool of threads before the first step runs:
+
+    twin        the engine's weights, caches and state as meta tensors (shapes, strides and offsets,
+                no memory): a step run on them computes nothing and touches no device memory
+    trace       every step the request will run (Engine.request_steps), on the twin and on its padding
+                input, with each kernel launch turned into a build-only launch (Triton's `warmup`):
+                the launch computes the kernel's specialization from its arguments as a real launch
+                would (a meta tensor's address is its offset, so alignment classes carry over) and
+                submits the build instead of running anything
+    builds      submitted to Triton's asynchronous compile mode (`triton.runtime._async_compile`) on a
+                thread pool; they run concurrently where Triton's compiler releases the GIL, and the
+                mode's exit waits for all of them and installs them in the kernels' caches
+
+The request's steps then find every kernel built. A specialization the trace missed is still built
+when a step first launches it, so a trace can only save time, never change a result.
+
+`warmup(engine, prompt_ids, **generate_kwargs)` builds the request's kernels that way, runs the
+request once, discards its result, and returns a `SetupReport`: the seconds it took, how many kernel
+specializations were built and how many graphs were captured. A second `generate` with the same
+shapes then runs at steady speed. Counting uses Triton's public post-compile hook
+(`triton.knobs.runtime.jit_post_compile_hook`); under the interpreter, or on a Triton without that hook,
+the count is None.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
+import inspect
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -60,17 +86,108 @@ def count_kernel_builds():
         runtime.jit_post_compile_hook = previous
 
 
+# ----------------------------------------------------------------------------------------------- the trace
+def to_meta(x):
+    """x with every tensor inside (dataclass fields, lists, tuples) replaced by a meta tensor of the same
+    shape, strides, dtype and storage offset; anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        storage = torch.empty(x.untyped_storage().nbytes() // x.element_size(), dtype=x.dtype, device="meta")
+        return storage.as_strided(x.shape, x.stride(), x.storage_offset())
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: to_meta(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init})
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_meta(v) for v in x)
+    return x
+
+
+def meta_twin(engine):
+    """A shallow copy of `engine` whose weights, caches and slot state are meta tensors (to_meta)."""
+    twin = copy.copy(engine)
+    twin.device = torch.device("meta")
+    for name in ("W", "trunk_caches", "depth_caches", "state", "reference_uniforms"):
+        setattr(twin, name, to_meta(getattr(engine, name)))
+    return twin
+
+
+def constexpr_args(kernel, args: tuple, kwargs: dict) -> tuple:
+    """(name, value) of every compile-time constant of a launch, in order: the `tl.constexpr` parameters,
+    then the launch options (num_warps, num_stages, ...)."""
+    params = inspect.signature(kernel.fn).parameters
+    bound = inspect.signature(kernel.fn).bind(*args, **{n: v for n, v in kwargs.items() if n in params})
+    bound.apply_defaults()
+    return tuple((name, value) for name, value in bound.arguments.items()
+                 if "constexpr" in str(params[name].annotation)) + \
+        tuple(sorted((n, v) for n, v in kwargs.items() if n not in params))
+
+
+@contextlib.contextmanager
+def launches_build_only(record: list | None = None, run: bool = False):
+    """Inside the block, a Triton launch `kernel[grid](*args, **kwargs)` only builds the kernel for those
+    arguments (Triton's warmup: compiled, or found in a cache, and not run; under the interpreter
+    nothing), or, with run=True, runs as usual. Each launch appends (kernel name, constexpr_args) to
+    `record` when given. Patches `triton.runtime.jit.KernelInterface.__getitem__` (the launch syntax of
+    JIT and interpreted kernels alike) for the duration of the block."""
+    from triton.runtime.jit import JITFunction, KernelInterface
+
+    launch = KernelInterface.__getitem__
+
+    def patched(kernel, grid):
+        def go(*args, **kwargs):
+            if record is not None:
+                record.append((kernel.fn.__name__, constexpr_args(kernel, args, kwargs)))
+            if run:
+                return launch(kernel, grid)(*args, **kwargs)
+            if isinstance(kernel, JITFunction):
+                return kernel.run(*args, grid=grid, warmup=True, **kwargs)
+        return go
+
+    KernelInterface.__getitem__ = patched
+    try:
+        yield
+    finally:
+        KernelInterface.__getitem__ = launch
+
+
+def trace_steps(engine, keys: list[tuple], record: list | None = None) -> None:
+    """Run the steps `keys` (Engine.padding_step) on the engine's meta twin with every launch build-only."""
+    twin = meta_twin(engine)
+    with torch.no_grad(), launches_build_only(record):
+        for key in keys:
+            twin.padding_step(key)
+
+
+def build_concurrently(engine, keys: list[tuple], threads: int | None = None) -> None:
+    """Build the kernel specializations of the steps `keys` on `threads` threads (default: one per CPU
+    core this process may use): trace_steps under Triton's asynchronous compile mode, whose exit
+    waits for every build. Without that mode (older Triton) the trace builds them one by one. A no-op
+    under the interpreter, which builds nothing."""
+    from .kernels.common import interpreting
+
+    if interpreting() or engine.device.type != "cuda":
+        return
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        trace_steps(engine, keys)
+        return
+    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="triton-build") as pool:
+        with AsyncCompileMode(pool):
+            trace_steps(engine, keys)
+
+
 def warmup(engine, prompt_ids, **generate_kwargs) -> SetupReport:
-    """Run engine.generate(prompt_ids, **generate_kwargs) once, discarding its tokens, so that every kernel
-    specialization and CUDA graph that request needs exists; return what that cost."""
+    """Build the kernels of engine.generate(prompt_ids, **generate_kwargs) concurrently, then run that
+    call once, discarding its tokens, so that every kernel specialization and CUDA graph the request
+    needs exists; return what that cost."""
     from .kernels.common import interpreting
 
     graphs_before = len(engine.graphs)
     start = time.perf_counter()
     with count_kernel_builds() as built:
+        engine.build_kernels(prompt_ids, **generate_kwargs)
         engine.generate(prompt_ids, **generate_kwargs)
     if engine.device.type == "cuda":
-        import torch
         torch.cuda.synchronize(engine.device)
     return SetupReport(seconds=time.perf_counter() - start, kernels_built=None if interpreting() else built[0],
                        graphs_captured=len(engine.graphs) - graphs_before)

@@ -214,7 +214,10 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, pos_ptr, NUM_SPLITS, NH: tl
 
 # ----------------------------------------------------------------------------------------------- launch
 def sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device (4 stands in for the CPU interpreter)."""
+    """Multiprocessors of a CUDA device (4 stands in for the CPU interpreter). A meta device (a build-only
+    trace, warmup.py) stands for the current CUDA device, or for the interpreter's CPU."""
+    if device.type == "meta" and torch.cuda.is_available() and not interpreting():
+        device = torch.device("cuda")
     if device.type != "cuda":
         return 4
     idx = device.index if device.index is not None else torch.cuda.current_device()

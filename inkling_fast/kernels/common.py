@@ -13,7 +13,8 @@ the argument checks of the wrappers.
     need(ok, msg)                      raise ValueError(msg) unless ok
     check_tensor(name, t, ...)         one clear ValueError naming the argument and what would be valid
     out_tensor(name, t, shape, ...)    a given output buffer checked, or a new one
-    check_kernel_device(name, t)       CUDA tensors, or CPU tensors under the interpreter
+    check_kernel_device(name, t)       CUDA tensors, or CPU tensors under the interpreter (meta: a build-only trace)
+    starts_like(t, *others)            t begins where one of the others begins (an aliased output)
     refuse_sync_in_capture(flag)       a host-side check (a device sync) asked for inside a CUDA graph capture
     check_ids_in_range(ids, V)         host-side: every token id in [0, V)
 
@@ -174,10 +175,19 @@ def out_tensor(name: str, t, shape: tuple, dtype: torch.dtype, device) -> torch.
 
 
 def check_kernel_device(name: str, t: torch.Tensor) -> None:
-    """The Triton kernels need CUDA tensors; CPU tensors only under the interpreter."""
-    if t.device.type != "cuda" and not interpreting():
+    """The Triton kernels need CUDA tensors; CPU tensors only under the interpreter. Meta tensors pass
+    too: they carry shapes only, for a trace that builds kernels without running them (warmup.py)."""
+    if t.device.type not in ("cuda", "meta") and not interpreting():
         raise ValueError(f"{name} is on {t.device}: the Triton kernels need CUDA tensors "
                          "(CPU tensors only under TRITON_INTERPRET=1)")
+
+
+def starts_like(t: torch.Tensor, *others: torch.Tensor) -> bool:
+    """t begins at the address where one of `others` begins (an output that would overwrite an input
+    other programs still read). Meta tensors have no memory: they alias nothing."""
+    if t.numel() == 0 or t.device.type == "meta":
+        return False
+    return t.data_ptr() in [o.data_ptr() for o in others]
 
 
 def refuse_sync_in_capture(flag: str) -> None:

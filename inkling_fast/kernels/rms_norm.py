@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, need
+from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, need, starts_like
 
 
 @triton.jit
@@ -134,7 +134,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _check_rows("out_sum", out_sum, H, like=x)
     _check_rows("out", out, H, like=x)
-    need(out.numel() == 0 or out.data_ptr() not in (x.data_ptr(), residual.data_ptr(), out_sum.data_ptr()),
+    need(not starts_like(out, x, residual, out_sum),
          "out must not alias x, residual or out_sum (the normed output is a separate buffer)")
     x2, r2 = _rows("x", x, H), _rows("residual", residual, H)
     s2, y2 = _rows("out_sum", out_sum, H), _rows("out", out, H)

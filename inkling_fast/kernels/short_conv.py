@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .commit_rows import commit_rows
-from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, need, refuse_sync_in_capture
+from .common import FLOAT_DTYPES, check_kernel_device, check_tensor, need, refuse_sync_in_capture, starts_like
 
 
 @triton.jit(do_not_specialize=["N", "T"])
@@ -217,7 +217,7 @@ def short_conv(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slot: 
         need(t is None or t.numel() == 0 or t.stride(-1) == 1,
              f"{name} must have a contiguous last dimension, got strides {None if t is None else t.stride()}")
     need(ring.is_contiguous(), f"ring must be contiguous, got strides {ring.stride()}")
-    need(out.numel() == 0 or out.data_ptr() not in (x.data_ptr(), ring.data_ptr()),
+    need(not starts_like(out, x, ring),
          "out must not alias x or ring (other programs read them); it may alias residual")
     if B * T == 0 or C == 0:
         return out

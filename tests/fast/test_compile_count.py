@@ -24,6 +24,8 @@ with the rows then keep one divisibility class.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import time
 from collections import defaultdict
 
@@ -32,13 +34,14 @@ import torch
 import triton
 from test_engine import agreeable_model, engine_config
 
+import inkling_fast.kernels as kernels
 from inkling_fast import Engine, forward
 from inkling_fast.kernels import lm_head_rows, mtp_input, short_conv
 from inkling_fast.kernels.attention_decode import MIN_SPLIT_KEYS
 from inkling_fast.kernels.lm_head_argmax import MAX_BLOCK_T
 from inkling_fast.kernels.moe import MAX_TOKENS
 from inkling_fast.kernels.moe_grouped import block_m_for
-from inkling_fast.prefill_plan import plan_prefill_pass
+from inkling_fast.prefill_plan import prefill_passes as plan_passes
 
 GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(),
                               reason="counts Triton compilations: under the CPU interpreter nothing is compiled")
@@ -54,15 +57,9 @@ def tiny_model(dtype):
 
 def prefill_passes(engine: Engine, prompt_lengths: list[int]) -> list[tuple[int, int]]:
     """(B, T) of every prefill pass `generate` runs for prompts of these lengths, in order: the engine's
-    own plan (prefill_plan.plan_prefill_pass), with every prompt admitted at once."""
+    own plan (prefill_plan.prefill_passes), with every prompt admitted at once."""
     assert len(prompt_lengths) <= engine.max_batch_size, "more prompts than slots: admissions would interleave"
-    remaining, passes = list(prompt_lengths), []
-    while remaining:
-        rows, T, B = plan_prefill_pass(remaining, engine.prefill_lengths, engine.batch_sizes,
-                                       engine.prefill_tokens)
-        passes.append((B, T))
-        remaining = [r - T for r in remaining[:rows] if r > T] + remaining[rows:]
-    return passes
+    return plan_passes(prompt_lengths, engine.prefill_lengths, engine.batch_sizes, engine.prefill_tokens)
 
 
 def cycle_sizes(engine: Engine, num_prompts: int) -> list[int]:
@@ -242,3 +239,43 @@ def test_batch8_sampled_compiles_once(monkeypatch):
         engine.generate(prompts, max_new_tokens=16, temperature=0.8, top_p=0.9, seed=3)
 
     check_first_and_second(counter, engine, run, lengths, greedy=False)
+
+
+def forget_built_kernels() -> None:
+    """Empty the in-process caches of every kernel of inkling_fast.kernels, so that the next launch of any
+    specialization goes through Triton's build step again (from its on-disk cache if it has one)."""
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+        for obj in vars(module).values():
+            if isinstance(obj, triton.runtime.jit.JITFunction):
+                obj.device_caches.clear()
+
+
+SCENARIOS = {
+    "batch1 greedy fp32": (torch.float32, 1, [[(3 * j + 1) % 5 for j in range(45)]], dict(max_new_tokens=12), 40),
+    "batch8 sampled bf16": (torch.bfloat16, 8, [[(7 * i + j) % 5 for j in range(L)]
+                                                for i, L in enumerate([1, 3, 6, 9, 12, 16, 17, 23])],
+                            dict(max_new_tokens=16, temperature=0.8, top_p=0.9, seed=3), 4096),
+}
+
+
+@pytest.mark.gpu
+@GPU_ONLY
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_build_kernels_leaves_generate_nothing_to_build(monkeypatch, scenario):
+    """Engine.build_kernels (the concurrent build-only trace of the request's steps, warmup.py) builds
+    every specialization the call needs, within the bounds, and the call after it builds none: the
+    trace's meta tensors fall into the same specialization classes as the real ones."""
+    dtype, slots, prompts, kwargs, budget = SCENARIOS[scenario]
+    engine = Engine(tiny_model(dtype), max_batch_size=slots, max_seq_len=64, num_speculative_tokens=K, dtype=dtype,
+                    prefill_tokens=budget)
+    forget_built_kernels()
+    counter = Counter(monkeypatch)
+    engine.build_kernels(prompts, **kwargs)
+    built, captured = counter.take()
+    limits = bounds(engine, [len(p) for p in prompts], greedy="temperature" not in kwargs)
+    over = {n: (c, limits.get(n, 0)) for n, c in built.items() if c > limits.get(n, 0)}
+    assert sum(built.values()) > 0 and captured == 0 and not over, f"built {built}, over the bounds: {over}"
+    engine.generate(prompts, **kwargs)
+    compiled, _ = counter.take()
+    assert compiled == {}, f"generate still built {compiled} after build_kernels"
