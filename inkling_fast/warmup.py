@@ -22,8 +22,11 @@ so `build_concurrently` builds them on a pool of threads before the first step r
                 would (a meta tensor's address is its offset, so alignment classes carry over) and
                 submits the build instead of running anything
     builds      submitted to Triton's asynchronous compile mode (`triton.runtime._async_compile`) on a
-                thread pool; they run concurrently where Triton's compiler releases the GIL, and the
-                mode's exit waits for all of them and installs them in the kernels' caches
+                thread pool; they run concurrently where Triton's compiler releases the GIL (its MLIR
+                and LLVM passes, ptxas), and the mode's exit waits for all of them and installs them
+                in the kernels' caches. The thread that builds a kernel then builds its launcher too
+                (the host-side stub that Triton generates per kernel signature, with a C compiler on
+                some Triton versions), which would otherwise be built one by one at first launch
 
 The request's steps then find every kernel built. A specialization the trace missed is still built
 when a step first launches it, so a trace can only save time, never change a result.
@@ -156,6 +159,22 @@ def trace_steps(engine, keys: list[tuple], record: list | None = None) -> None:
             twin.padding_step(key)
 
 
+class BuildPool(ThreadPoolExecutor):
+    """A thread pool for Triton's asynchronous compile mode whose task, once the kernel is compiled, also
+    builds the kernel's launcher (`triton.runtime.driver.active.launcher_cls`, which Triton keeps in its
+    on-disk cache), so that the kernel's first launch finds both."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        from triton.runtime import driver
+
+        def build():
+            kernel = fn(*args, **kwargs)
+            driver.active.launcher_cls(kernel.src, kernel.metadata)
+            return kernel
+
+        return super().submit(build)
+
+
 def build_concurrently(engine, keys: list[tuple], threads: int | None = None) -> None:
     """Build the kernel specializations of the steps `keys` on `threads` threads (default: one per CPU
     core this process may use): trace_steps under Triton's asynchronous compile mode, whose exit
@@ -171,7 +190,7 @@ def build_concurrently(engine, keys: list[tuple], threads: int | None = None) ->
         trace_steps(engine, keys)
         return
     threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="triton-build") as pool:
+    with BuildPool(max_workers=threads, thread_name_prefix="triton-build") as pool:
         with AsyncCompileMode(pool):
             trace_steps(engine, keys)
 
