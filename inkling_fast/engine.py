@@ -182,9 +182,10 @@ class Engine:
     prefill_lengths: its chunk lengths (default 16, 32, ... up to the budget, `default_prefill_lengths`).
     overlap: generate's default loop (True: the next step is launched before the last one is booked).
 
-    Setup: the first call of a new shape builds Triton kernel specializations (seconds each from an
-    empty Triton cache, milliseconds from a warm one) and captures CUDA graphs; `warmup(prompt_ids,
-    **generate_kwargs)` pays that up front and says what it cost (warmup.py).
+    Setup: the first call of a new shape builds Triton kernel specializations (about a second each from
+    an empty Triton cache, milliseconds from a warm one) and captures CUDA graphs; `warmup(prompt_ids,
+    **generate_kwargs)` pays that up front, building the request's kernels concurrently
+    (`build_kernels`), and says what it cost (warmup.py).
     """
 
     def __init__(self, checkpoint_or_model, max_batch_size: int, max_seq_len: int, num_speculative_tokens: int,
