@@ -37,7 +37,7 @@ PROMPT = "def fibonacci(n):"
 
 
 # ============================================================================ child: one scenario
-def child(workload: str, concurrent: bool) -> dict:
+def child(workload: str, concurrent: bool, threads: int | None) -> dict:
     t0 = time.perf_counter()
     import torch
     import triton
@@ -107,7 +107,7 @@ def child(workload: str, concurrent: bool) -> dict:
     t_build = None
     if concurrent:
         s = time.perf_counter()
-        engine.build_kernels(prompts, **kw)
+        engine.build_kernels(prompts, threads=threads, **kw)
         t_build = time.perf_counter() - s
 
     def gen():
@@ -131,9 +131,10 @@ def child(workload: str, concurrent: bool) -> dict:
 
 
 # ============================================================================ parent
-def run_child(src: Path, workload: str, cache: Path, concurrent: bool = False) -> dict:
+def run_child(src: Path, workload: str, cache: Path, concurrent: bool = False, threads: int | None = None) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=f"{src}{os.pathsep}{ROOT}")
-    cmd = [sys.executable, __file__, "--child", workload] + (["--concurrent"] if concurrent else [])
+    cmd = [sys.executable, __file__, "--child", workload] + (["--concurrent"] if concurrent else []) + \
+        ([f"--build-threads={threads}"] if threads else [])
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"scenario {workload} failed:\n{p.stderr[-4000:]}")
@@ -156,6 +157,8 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", default=None)
     ap.add_argument("--concurrent", action="store_true", help="child: Engine.build_kernels before generate")
+    ap.add_argument("--build-threads", type=int, default=None,
+                    help="threads of the concurrent scenario's builds (default: one per CPU core)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--src", default=str(ROOT), help="source tree whose inkling_ref / inkling_fast are measured")
     ap.add_argument("--label", default="")
@@ -163,7 +166,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--no-cli", action="store_true", help="skip timing the command line")
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.concurrent)))
+        print(json.dumps(child(args.child, args.concurrent, args.build_threads)))
         return
     src, out = Path(args.src).resolve(), Path(args.out or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
@@ -173,7 +176,7 @@ def main(argv: list[str]) -> None:
         for state in ("cold", "warm", "concurrent"):
             if state == "concurrent":
                 cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
-            r = run_child(src, workload, cache, concurrent=state == "concurrent")
+            r = run_child(src, workload, cache, concurrent=state == "concurrent", threads=args.build_threads)
             r["cache"] = state
             res["scenarios"].append(r)
             build = "" if r["t_build"] is None else f"build_kernels {r['t_build']:.1f} s, "

@@ -696,12 +696,13 @@ class Engine:
         built, graphs captured); a later call with the same shapes builds and captures nothing."""
         return warmup(self, prompt_ids, **generate_kwargs)
 
-    def build_kernels(self, prompt_ids, **generate_kwargs) -> None:
-        """Build, on a pool of threads, the Triton kernel specializations that
-        `generate(prompt_ids, **generate_kwargs)` needs for its steps (`request_steps`), without running
-        any of them (warmup.build_concurrently). A no-op under the interpreter."""
+    def build_kernels(self, prompt_ids, *, threads: int | None = None, **generate_kwargs) -> None:
+        """Build, on a pool of `threads` threads (default: one per CPU core), the Triton kernel
+        specializations that `generate(prompt_ids, **generate_kwargs)` needs for its steps
+        (`request_steps`), without running any of them (warmup.build_concurrently). A no-op under the
+        interpreter."""
         prompts, k, mode = self._request(prompt_ids, **generate_kwargs)
-        build_concurrently(self, self.request_steps([len(p) for p in prompts], k, mode))
+        build_concurrently(self, self.request_steps([len(p) for p in prompts], k, mode), threads)
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int | list[int], num_speculative_tokens: int | None = None,
