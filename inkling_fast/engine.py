@@ -604,13 +604,13 @@ class Engine:
         pad[:, 0] = self.state.scratch
         return pad
 
-    def padding_step(self, key: tuple) -> torch.Tensor:
-        """Run the step `key` once on its padding input (eagerly; only the scratch slot changes)."""
+    def step(self, key: tuple, rows: torch.Tensor) -> torch.Tensor:
+        """Run the step `key` on its device input `rows` (eagerly): `cycle_rows` or `prefill_rows`."""
         if key[0] == "cycle":
-            _, B, k, mode = key
-            return self.cycle_rows(self.padding_input(key), k, mode)
-        _, B, T, k, mode = key
-        return self.prefill_rows(self.padding_input(key), T, k, mode)
+            _, _, k, mode = key
+            return self.cycle_rows(rows, k, mode)
+        _, _, T, k, mode = key
+        return self.prefill_rows(rows, T, k, mode)
 
     def request_steps(self, prompt_lengths: list[int], k: int, mode: DecodeMode) -> list[tuple]:
         """The step keys a `generate` of prompts of these lengths runs: the prefill passes of the prompts
@@ -623,20 +623,19 @@ class Engine:
         return [("prefill", B, T, k, mode) for B, T in dict.fromkeys(passes)] + \
                [("cycle", B, k, mode) for B in self.batch_sizes if B <= top]
 
-    def _run_step(self, key: tuple, fn, padding_input, host_input: torch.Tensor) -> torch.Tensor:
-        """fn(device input) as a graph replay (captured on first use) or eagerly."""
+    def _run_step(self, key: tuple, host_input: torch.Tensor) -> torch.Tensor:
+        """The step `key` on `host_input` as a graph replay (captured on first use) or eagerly."""
         if not self.use_cuda_graphs:
-            return fn(self._upload(host_input))
+            return self.step(key, self._upload(host_input))
         if key not in self.graphs:
-            self.graphs[key] = StepGraph(self.graph_pool, fn, padding_input())
+            self.graphs[key] = StepGraph(self.graph_pool, lambda rows: self.step(key, rows), self.padding_input(key))
         return self.graphs[key].run(host_input, self._upload)
 
     def _launch_cycle(self, slots: list[int], k: int, mode: DecodeMode) -> tuple[torch.Tensor, object]:
         """Launch one cycle of the sequences in `slots`; returns its result array on its way to the host."""
         B = self.batch_size_for(len(slots))
         rows = torch.tensor(slots + [-1] * (B - len(slots)), dtype=torch.int32)
-        out = self._run_step(("cycle", B, k, mode), lambda r: self.cycle_rows(r, k, mode),
-                             lambda: self.padding_input(("cycle", B, k, mode)), rows)
+        out = self._run_step(("cycle", B, k, mode), rows)
         return self._fetch(out)
 
     @torch.no_grad()
@@ -668,8 +667,7 @@ class Engine:
             seq.prefilled = c1
             last.append(c1 == L)
 
-        key = ("prefill", B, T, k, mode)
-        out = self._run_step(key, lambda r: self.prefill_rows(r, T, k, mode), lambda: self.padding_input(key), rows)
+        out = self._run_step(("prefill", B, T, k, mode), rows)
         host, event = self._fetch(out)
         tokens = int(rows[:, 2].sum())
         timing = StepTiming("prefill", (B, T), len(seqs), tokens, t0, host_s=time.perf_counter() - t0)

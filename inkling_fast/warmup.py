@@ -115,8 +115,9 @@ def meta_twin(engine):
 def constexpr_args(kernel, args: tuple, kwargs: dict) -> tuple:
     """(name, value) of every compile-time constant of a launch, in order: the `tl.constexpr` parameters,
     then the launch options (num_warps, num_stages, ...)."""
-    params = inspect.signature(kernel.fn).parameters
-    bound = inspect.signature(kernel.fn).bind(*args, **{n: v for n, v in kwargs.items() if n in params})
+    signature = inspect.signature(kernel.fn)
+    params = signature.parameters
+    bound = signature.bind(*args, **{n: v for n, v in kwargs.items() if n in params})
     bound.apply_defaults()
     return tuple((name, value) for name, value in bound.arguments.items()
                  if "constexpr" in str(params[name].annotation)) + \
@@ -152,11 +153,12 @@ def launches_build_only(record: list | None = None, run: bool = False):
 
 
 def trace_steps(engine, keys: list[tuple], record: list | None = None) -> None:
-    """Run the steps `keys` (Engine.padding_step) on the engine's meta twin with every launch build-only."""
+    """Run the steps `keys` (Engine.step on Engine.padding_input) on the engine's meta twin with every
+    launch build-only."""
     twin = meta_twin(engine)
     with torch.no_grad(), launches_build_only(record):
         for key in keys:
-            twin.padding_step(key)
+            twin.step(key, twin.padding_input(key))
 
 
 class BuildPool(ThreadPoolExecutor):

@@ -13,7 +13,7 @@ change from call to call (row, token, pair and batch counts) are runtime argumen
 of its wrapper. The bounds below count those choices, kernel by kernel, from the wrappers' launch code
 and the shapes the call runs, which come from the engine's own plan:
 
-    prefill pass (B, T)   plan_prefill_pass over the prompts: the trunk and every depth over B x T tokens
+    prefill pass (B, T)   Engine.request_steps over the prompts: the trunk and every depth over B x T tokens
                           (padding rows and tokens included), the first token x_L over B rows
     cycle at batch B      every depth over a window of B x (k+1) tokens, the drafts' LM head over B rows,
                           the verify over B x (k+1) tokens (greedy: and its LM head over as many rows)
@@ -36,12 +36,12 @@ from test_engine import agreeable_model, engine_config
 
 import inkling_fast.kernels as kernels
 from inkling_fast import Engine, forward
+from inkling_fast.engine import DecodeMode
 from inkling_fast.kernels import lm_head_rows, mtp_input, short_conv
 from inkling_fast.kernels.attention_decode import MIN_SPLIT_KEYS
 from inkling_fast.kernels.lm_head_argmax import MAX_BLOCK_T
 from inkling_fast.kernels.moe import MAX_TOKENS
 from inkling_fast.kernels.moe_grouped import block_m_for
-from inkling_fast.prefill_plan import prefill_passes as plan_passes
 
 GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(),
                               reason="counts Triton compilations: under the CPU interpreter nothing is compiled")
@@ -55,17 +55,13 @@ def tiny_model(dtype):
     return agreeable_model(engine_config(d_rel=8, dense_intermediate_size=32), seed=11, dtype=dtype)
 
 
-def prefill_passes(engine: Engine, prompt_lengths: list[int]) -> list[tuple[int, int]]:
-    """(B, T) of every prefill pass `generate` runs for prompts of these lengths, in order: the engine's
-    own plan (prefill_plan.prefill_passes), with every prompt admitted at once."""
+def planned_steps(engine: Engine, prompt_lengths: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
+    """The engine's own plan of a `generate` of prompts of these lengths, all admitted at once
+    (Engine.request_steps): (B, T) of its distinct prefill passes, and the batch sizes a cycle may run at
+    (sequences finish at different cycles, so any captured size up to the one that holds every prompt)."""
     assert len(prompt_lengths) <= engine.max_batch_size, "more prompts than slots: admissions would interleave"
-    return plan_passes(prompt_lengths, engine.prefill_lengths, engine.batch_sizes, engine.prefill_tokens)
-
-
-def cycle_sizes(engine: Engine, num_prompts: int) -> list[int]:
-    """The batch sizes a cycle may run at: sequences finish at different cycles, so any captured size up
-    to the one that holds every prompt."""
-    return [b for b in engine.batch_sizes if b <= engine.batch_size_for(num_prompts)]
+    keys = engine.request_steps(prompt_lengths, engine.k, DecodeMode())
+    return [key[1:3] for key in keys if key[0] == "prefill"], [key[1] for key in keys if key[0] == "cycle"]
 
 
 def attention_layers(engine: Engine) -> list[tuple]:
@@ -88,8 +84,7 @@ def bounds(engine: Engine, prompt_lengths: list[int], greedy: bool) -> dict[str,
     """Per kernel, the most specializations one `generate` of prompts of these lengths can compile
     (drafts picked greedily, device uniforms)."""
     k, H, dtype = engine.k, engine.config.hidden_size, engine.dtype
-    passes = prefill_passes(engine, prompt_lengths)
-    cycles = cycle_sizes(engine, len(prompt_lengths))
+    passes, cycles = planned_steps(engine, prompt_lengths)
     pass_tokens = [B * T for B, T in passes]                   # the trunk and every depth over the pass
     window_tokens = [B * (k + 1) for B in cycles]              # each depth's window, the verify
     tokens = pass_tokens + window_tokens
@@ -151,7 +146,8 @@ def bounds(engine: Engine, prompt_lengths: list[int], greedy: bool) -> dict[str,
 
 def max_captures(engine: Engine, prompt_lengths: list[int]) -> int:
     """One CUDA graph per distinct prefill-pass shape and per cycle batch size the call may run."""
-    return len(set(prefill_passes(engine, prompt_lengths))) + len(cycle_sizes(engine, len(prompt_lengths)))
+    passes, cycles = planned_steps(engine, prompt_lengths)
+    return len(passes) + len(cycles)
 
 
 class Counter:
@@ -189,7 +185,8 @@ class Counter:
 
 def check_first_and_second(counter: Counter, engine: Engine, run, prompt_lengths: list[int], greedy: bool) -> None:
     limits = bounds(engine, prompt_lengths, greedy)
-    passes = set(prefill_passes(engine, prompt_lengths))
+    passes, cycles = planned_steps(engine, prompt_lengths)
+    passes = set(passes)
     run()
     compiled, captured = counter.take()
     print(f"\nfirst call: {sum(compiled.values())} compilations ({counter.seconds:.1f} s), {captured} captures "
@@ -199,7 +196,7 @@ def check_first_and_second(counter: Counter, engine: Engine, run, prompt_lengths
     ran = {key[1:3] for key in engine.graphs if key[0] == "prefill"}
     cycled = {key[1] for key in engine.graphs if key[0] == "cycle"}
     assert ran == passes, f"prefill passes captured {sorted(ran)}, the engine's plan gives {sorted(passes)}"
-    assert cycled and cycled <= set(cycle_sizes(engine, len(prompt_lengths))), f"cycles captured at {cycled}"
+    assert cycled and cycled <= set(cycles), f"cycles captured at {cycled}"
     assert captured == len(engine.graphs) <= max_captures(engine, prompt_lengths)
     run()
     compiled, captured = counter.take()
