@@ -697,8 +697,8 @@ class Engine:
     def build_kernels(self, prompt_ids, *, threads: int | None = None, **generate_kwargs) -> None:
         """Build, on a pool of `threads` threads (default: one per CPU core), the Triton kernel
         specializations that `generate(prompt_ids, **generate_kwargs)` needs for its steps
-        (`request_steps`), without running any of them (warmup.build_concurrently). A no-op under the
-        interpreter."""
+        (`request_steps`), without running any of them (warmup.build_concurrently). Skipped when an
+        earlier call left a record that Triton's on-disk cache holds them; a no-op under the interpreter."""
         prompts, k, mode = self._request(prompt_ids, **generate_kwargs)
         build_concurrently(self, self.request_steps([len(p) for p in prompts], k, mode), threads)
 

@@ -31,6 +31,12 @@ so `build_concurrently` builds them on a pool of threads before the first step r
 The request's steps then find every kernel built. A specialization the trace missed is still built
 when a step first launches it, so a trace can only save time, never change a result.
 
+    record      once the builds are done, a file in Triton's cache folder records them (`build_record`:
+                named by a digest of everything the specializations depend on); a later process that
+                finds it skips the trace and loads the kernels from that cache at first launch, since
+                the trace's first use of meta tensors imports parts of torch that cost more than those
+                loads
+
 `warmup(engine, prompt_ids, **generate_kwargs)` builds the request's kernels that way, runs the
 request once, discards its result, and returns a `SetupReport`: the seconds it took, how many kernel
 specializations were built and how many graphs were captured. A second `generate` with the same
@@ -44,11 +50,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import inspect
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -90,24 +98,35 @@ def count_kernel_builds():
 
 
 # ----------------------------------------------------------------------------------------------- the trace
-def to_meta(x):
-    """x with every tensor inside (dataclass fields, lists, tuples) replaced by a meta tensor of the same
-    shape, strides, dtype and storage offset; anything else as it is."""
+def map_tensors(fn, x):
+    """x with fn applied to every tensor inside (dataclass fields, lists, tuples); anything else as it is."""
     if isinstance(x, torch.Tensor):
-        storage = torch.empty(x.untyped_storage().nbytes() // x.element_size(), dtype=x.dtype, device="meta")
-        return storage.as_strided(x.shape, x.stride(), x.storage_offset())
+        return fn(x)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: to_meta(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init})
+        return dataclasses.replace(x, **{f.name: map_tensors(fn, getattr(x, f.name))
+                                         for f in dataclasses.fields(x) if f.init})
     if isinstance(x, (list, tuple)):
-        return type(x)(to_meta(v) for v in x)
+        return type(x)(map_tensors(fn, v) for v in x)
     return x
+
+
+def to_meta(x):
+    """x with every tensor inside replaced by a meta tensor of the same shape, strides, dtype and storage
+    offset (map_tensors)."""
+    def meta(t):
+        storage = torch.empty(t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype, device="meta")
+        return storage.as_strided(t.shape, t.stride(), t.storage_offset())
+    return map_tensors(meta, x)
+
+
+ENGINE_TENSORS = ("W", "trunk_caches", "depth_caches", "state", "reference_uniforms")   # what the steps read
 
 
 def meta_twin(engine):
     """A shallow copy of `engine` whose weights, caches and slot state are meta tensors (to_meta)."""
     twin = copy.copy(engine)
     twin.device = torch.device("meta")
-    for name in ("W", "trunk_caches", "depth_caches", "state", "reference_uniforms"):
+    for name in ENGINE_TENSORS:
         setattr(twin, name, to_meta(getattr(engine, name)))
     return twin
 
@@ -177,24 +196,64 @@ class BuildPool(ThreadPoolExecutor):
         return super().submit(build)
 
 
+def build_record(engine, keys: list[tuple]) -> Path | None:
+    """The file by which `build_concurrently` notes that Triton's on-disk cache holds the kernel
+    specializations of the steps `keys` on this engine, or None when the cache folder is unknown. It
+    lies in that cache folder (emptying the cache drops it) and is named by a digest of what a launch's
+    specialization depends on: the Triton and torch versions, the device, the source of this package,
+    the engine's configuration, the shape, strides, dtype, offset and 16-byte alignment of every tensor
+    the steps read, and the keys. A record that outlived its kernels (a cache emptied in part, other
+    compiler settings) only means they are built one by one at first launch, as without a record."""
+    try:
+        from triton import knobs
+        folder = Path(knobs.cache.dir)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    import triton
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    layouts = []
+    for name in ENGINE_TENSORS:
+        map_tensors(lambda t: layouts.append((name, tuple(t.shape), t.stride(), t.dtype, t.storage_offset(),
+                                              t.data_ptr() % 16)), getattr(engine, name))
+    device = (torch.cuda.get_device_name(engine.device), torch.cuda.get_device_capability(engine.device)) \
+        if engine.device.type == "cuda" else str(engine.device)
+    digest.update(repr((triton.__version__, torch.__version__, torch.version.cuda, device, engine.config,
+                        engine.dtype, engine.max_batch_size, engine.max_seq_len, engine.batch_sizes,
+                        engine.prefill_tokens, engine.prefill_lengths, engine.uniforms, layouts,
+                        keys)).encode())
+    return folder / "inkling_mtp" / f"{digest.hexdigest()}.built"
+
+
 def build_concurrently(engine, keys: list[tuple], threads: int | None = None) -> None:
     """Build the kernel specializations of the steps `keys` on `threads` threads (default: one per CPU
     core this process may use): trace_steps under Triton's asynchronous compile mode, whose exit
-    waits for every build. Without that mode (older Triton) the trace builds them one by one. A no-op
-    under the interpreter, which builds nothing."""
+    waits for every build. Without that mode (older Triton) the trace builds them one by one. Skipped
+    when a `build_record` says an earlier process built them into Triton's on-disk cache: the trace's
+    first use of meta tensors imports parts of torch (torch._dynamo, sympy) that cost more than loading
+    those kernels at first launch. A no-op under the interpreter, which builds nothing."""
     from .kernels.common import interpreting
 
     if interpreting() or engine.device.type != "cuda":
+        return
+    record = build_record(engine, keys)
+    if record is not None and record.exists():
         return
     try:
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
         trace_steps(engine, keys)
-        return
-    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-    with BuildPool(max_workers=threads, thread_name_prefix="triton-build") as pool:
-        with AsyncCompileMode(pool):
-            trace_steps(engine, keys)
+    else:
+        threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+        with BuildPool(max_workers=threads, thread_name_prefix="triton-build") as pool:
+            with AsyncCompileMode(pool):
+                trace_steps(engine, keys)
+    if record is not None:
+        with contextlib.suppress(OSError):                   # a read-only cache: no record, no harm
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.touch()
 
 
 def warmup(engine, prompt_ids, **generate_kwargs) -> SetupReport:

@@ -35,7 +35,7 @@ import triton
 from test_engine import agreeable_model, engine_config
 
 import inkling_fast.kernels as kernels
-from inkling_fast import Engine, forward
+from inkling_fast import Engine, forward, warmup
 from inkling_fast.engine import DecodeMode
 from inkling_fast.kernels import lm_head_rows, mtp_input, short_conv
 from inkling_fast.kernels.attention_decode import MIN_SPLIT_KEYS
@@ -267,6 +267,7 @@ def test_build_kernels_leaves_generate_nothing_to_build(monkeypatch, scenario):
     engine = Engine(tiny_model(dtype), max_batch_size=slots, max_seq_len=64, num_speculative_tokens=K, dtype=dtype,
                     prefill_tokens=budget)
     forget_built_kernels()
+    monkeypatch.setattr(warmup, "build_record", lambda engine, keys: None)   # trace even if built before
     built: dict[str, int] = defaultdict(int)     # per kernel: specializations installed (Triton's post-compile hook)
 
     def hook(*args, **kw):
@@ -282,3 +283,31 @@ def test_build_kernels_leaves_generate_nothing_to_build(monkeypatch, scenario):
     engine.generate(prompts, **kwargs)
     compiled, _ = counter.take()
     assert compiled == {}, f"generate still built {compiled} after build_kernels"
+
+
+@pytest.mark.gpu
+@GPU_ONLY
+def test_a_recorded_build_is_not_traced_again(monkeypatch):
+    """build_kernels leaves a build record in Triton's cache folder; an identical engine in a later
+    process (here: a second engine) finds it and skips the trace, whose kernels are in that cache."""
+    dtype, slots, prompts, kwargs, budget = SCENARIOS["batch1 greedy fp32"]
+
+    def make():
+        return Engine(tiny_model(dtype), max_batch_size=slots, max_seq_len=64, num_speculative_tokens=K,
+                      dtype=dtype, prefill_tokens=budget)
+
+    first = make()
+    lengths, k, mode = first._request(prompts, **kwargs)
+    keys = first.request_steps([len(p) for p in lengths], k, mode)
+    record = warmup.build_record(first, keys)
+    record.unlink(missing_ok=True)
+    first.build_kernels(prompts, **kwargs)
+    assert record.exists(), f"build_kernels left no record at {record}"
+    second = make()
+    assert warmup.build_record(second, keys) == record
+
+    def no_trace(*args, **kw):
+        raise AssertionError("build_kernels traced a build its record says is done")
+
+    monkeypatch.setattr(warmup, "trace_steps", no_trace)
+    second.build_kernels(prompts, **kwargs)

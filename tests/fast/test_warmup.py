@@ -10,7 +10,7 @@ from test_engine import exact_fp32, one_thread  # noqa: F401 (its autouse fixtur
 
 from inkling_fast import Engine, forward
 from inkling_fast.engine import DecodeMode
-from inkling_fast.warmup import SetupReport, count_kernel_builds, launches_build_only, to_meta, trace_steps
+from inkling_fast.warmup import SetupReport, build_record, count_kernel_builds, launches_build_only, to_meta, trace_steps
 from inkling_ref.sampling import SamplingParams
 from inkling_ref import generate
 
@@ -108,3 +108,21 @@ def test_request_steps_cover_what_generate_runs(engine3):
     assert steps <= {key[:-2] for key in keys}, f"generate ran {sorted(steps)}, request_steps gave {keys}"
     missed = set(ran) - set(traced)
     assert ran and not missed, f"generate launched what the trace did not: {sorted(missed)[:3]}"
+
+
+def test_build_record_names_what_the_specializations_depend_on(engine3):
+    """Two engines built alike share a record; other steps, another cache length or another decode mode
+    do not (warmup.build_record)."""
+    keys = engine3.request_steps([20, 1], 3, MODES["greedy"])
+    record = build_record(engine3, keys)
+    assert record is not None and record.name.endswith(".built")
+
+    def like(**changes):
+        args = dict(max_batch_size=3, max_seq_len=40, num_speculative_tokens=3, dtype=torch.float32,
+                    device=DEVICE, use_cuda_graphs=False, prefill_tokens=24) | changes
+        return Engine(agreeable_model(engine_config(), seed=6), **args)
+
+    assert build_record(like(), keys) == record                        # weights' values do not matter
+    assert build_record(like(max_seq_len=41), keys) != record
+    assert build_record(engine3, keys[:-1]) != record
+    assert build_record(engine3, engine3.request_steps([20, 1], 3, MODES["sampled"])) != record
