@@ -47,6 +47,7 @@ import json
 import os
 import sys
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import torch
@@ -69,7 +70,6 @@ from inkling_fast import Engine  # noqa: E402
 from inkling_fast import cost_model, forward  # noqa: E402
 from inkling_fast.caches import LayerCache  # noqa: E402
 from inkling_fast.engine import DecodeMode  # noqa: E402
-from inkling_fast.kernels.lm_head_argmax import lm_head_argmax  # noqa: E402
 from inkling_ref import generate, load_checkpoint  # noqa: E402
 from inkling_ref.cli import DEFAULT_CHECKPOINT  # noqa: E402
 
@@ -706,6 +706,7 @@ def run_layers(res: dict) -> None:
         del cache
     del blocks, moe
     unembed = true_scale._Draw(DEV, BF16, 9).normal(cfg.vocab_size, H, std=1.0)
+    head = SimpleNamespace(unembed=unembed, vocab_out=cfg.vocab_out, mup=float(cfg.mup))   # what greedy_tokens reads
     done = set()
     for B in g["layer_batches"]:
         for T in g["layer_T"]:
@@ -714,10 +715,10 @@ def run_layers(res: dict) -> None:
                 continue
             done.add(N)
             h = torch.randn(N, H, device=DEV).to(BF16)
-            a = graph_ms(lambda: lm_head_argmax(h, unembed, cfg.vocab_out, float(cfg.mup)), rep=50)
+            a = graph_ms(lambda: forward.greedy_tokens(head, h), rep=50)        # the engine's path at N rows
             lg = graph_ms(lambda: torch.nn.functional.linear(h / cfg.mup, unembed)[:, : cfg.vocab_out], rep=50)
             rows += [dict(kind="lm_head_argmax", batch=N, T=1, ms=a), dict(kind="lm_head_logits", batch=N, T=1, ms=lg)]
-            log(f"  LM head N={N:<4} argmax {a:.3f} ms  logits {lg:.3f} ms")
+            log(f"  LM head N={N:<4} greedy {a:.3f} ms  logits {lg:.3f} ms")
     res["layers"] = dict(config="Inkling-Small" if not DRY else "tiny (dry run)", context=ctx, rows=rows)
 
 
