@@ -3,6 +3,7 @@
 
     python benchmarks/setup_cost.py --out DIR                 # cold and warm kernel cache, both workloads
     python benchmarks/setup_cost.py --out DIR --src OLD_TREE  # the same for another source tree (before/after)
+    python benchmarks/setup_cost.py --out DIR --cli-phases    # the command line's own steps, one by one
 
 Each scenario runs in a fresh Python process with TRITON_CACHE_DIR pointing at an empty folder (cold)
 or at the folder a previous cold run filled (warm). Inside it, Triton's JIT compile step, the
@@ -16,7 +17,14 @@ timers then measure submissions only, and `t_build` is the wall time of all the 
 Workloads: `readme`, the README's command (prompt "def fibonacci(n):", batch 1, greedy, k = 4,
 64 new tokens, float32 as the CLI runs it, on the bundled checkpoint) and `batch8`, 8 prompts sampled at temperature 0.8
 with top-p 0.9, k = 4. The CLI's own wall time (`python -m inkling_ref.cli generate ...`, cold and warm,
-fast and ref engines) is measured too. Writes DIR/setup_cost[_LABEL].json and prints a table.
+fast and ref engines) is measured too, each tree's command run from that tree (`python -m` puts the
+working directory first on the module path). Writes DIR/setup_cost[_LABEL].json and prints a table.
+
+`--cli-phases` times instead what `inkling-mtp generate` does for the README command with the fast
+engine, step by step in one fresh process (one CPU thread for torch, as the CLI sets): import torch,
+load the checkpoint, import Triton and inkling_fast, CUDA init, `Engine(...)`, `build_kernels`, the
+warm-up `generate` and the timed one; with an empty Triton cache, then twice with the cache it filled
+(the second warm process finds the build record the first left). Writes DIR/cli_phases[_LABEL].json.
 """
 
 from __future__ import annotations
@@ -130,6 +138,56 @@ def child(workload: str, concurrent: bool, threads: int | None) -> dict:
                 captures=[dict(key=list(k), seconds=t) for k, t in captures])
 
 
+# ============================================================================ child: the CLI's steps
+def cli_phases() -> dict:
+    t0 = time.perf_counter()
+    phases: dict[str, float] = {}
+
+    def mark(name: str, since: float) -> None:
+        phases[name] = time.perf_counter() - since
+
+    s = time.perf_counter()
+    import torch
+    mark("import_torch", s)
+    torch.set_num_threads(1)
+    s = time.perf_counter()
+    from inkling_ref import load_checkpoint
+    from tokenizers import Tokenizer
+    prompt = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json")).encode(PROMPT).ids
+    model = load_checkpoint(DEFAULT_CHECKPOINT, dtype=torch.float32, num_mtp_depths=4)
+    mark("load", s)
+    s = time.perf_counter()
+    import triton
+    from inkling_fast import Engine
+    from inkling_fast.warmup import count_kernel_builds
+    mark("import_triton_and_fast", s)
+    s = time.perf_counter()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    mark("cuda_init", s)
+    kw = dict(max_new_tokens=64, num_speculative_tokens=4, eos_token_id=model.config.eos_token_id)
+    s = time.perf_counter()
+    engine = Engine(model, max_batch_size=1, max_seq_len=len(prompt) + 64, num_speculative_tokens=4,
+                    dtype=torch.float32)
+    mark("engine", s)
+    with count_kernel_builds() as built:
+        s = time.perf_counter()
+        engine.build_kernels(prompt, **kw)
+        mark("build_kernels", s)
+        s = time.perf_counter()
+        engine.generate(prompt, **kw)
+        torch.cuda.synchronize()
+        mark("warmup_generate", s)
+    s = time.perf_counter()
+    result = engine.generate(prompt, **kw)
+    torch.cuda.synchronize()
+    mark("timed_generate", s)
+    phases["total"] = time.perf_counter() - t0
+    return dict(phases=phases, kernels_built=built[0], graphs=len(engine.graphs), tokens=len(result.token_ids[0]),
+                tokens_per_s=len(result.token_ids[0]) / result.elapsed_s, gpu=torch.cuda.get_device_name(),
+                triton=triton.__version__)
+
+
 # ============================================================================ parent
 def run_child(src: Path, workload: str, cache: Path, concurrent: bool = False, threads: int | None = None) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=f"{src}{os.pathsep}{ROOT}")
@@ -147,7 +205,7 @@ def time_cli(src: Path, engine: str, cache: Path) -> dict:
            "--prompt", PROMPT, "--k", "4",
            "--max-new-tokens", "64", "--engine", engine]
     s = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=src)
     wall = time.perf_counter() - s
     lines = [line for line in p.stderr.splitlines() if line.startswith("---")] or p.stderr.strip().splitlines()[-3:]
     return dict(engine=engine, wall_s=wall, rc=p.returncode, stderr_tail=lines)
@@ -164,12 +222,27 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--label", default="")
     ap.add_argument("--workloads", default="readme,batch8", help="comma-separated: readme, batch8")
     ap.add_argument("--no-cli", action="store_true", help="skip timing the command line")
+    ap.add_argument("--cli-phases", action="store_true", help="time the command line's steps one by one")
     args = ap.parse_args(argv)
+    if args.child == "cli-phases":
+        print(json.dumps(cli_phases()))
+        return
     if args.child:
         print(json.dumps(child(args.child, args.concurrent, args.build_threads)))
         return
     src, out = Path(args.src).resolve(), Path(args.out or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
+    label = f"{'_' + args.label if args.label else ''}"
+    if args.cli_phases:
+        cache, runs = Path(tempfile.mkdtemp(prefix="triton-cache-")), []
+        for state in ("cold", "warm", "warm"):
+            r = run_child(src, "cli-phases", cache)
+            r["cache"] = state
+            runs.append(r)
+            print(f"{state}: " + ", ".join(f"{n} {v:.3f} s" for n, v in r["phases"].items()) +
+                  f"; kernels {r['kernels_built']}, graphs {r['graphs']}, {r['tokens_per_s']:.0f} tokens/s", flush=True)
+        (out / f"cli_phases{label}.json").write_text(json.dumps(dict(src=str(src), runs=runs), indent=1))
+        return
     res = dict(src=str(src), scenarios=[], cli=[])
     for workload in [w for w in args.workloads.split(",") if w]:
         cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
@@ -193,7 +266,7 @@ def main(argv: list[str]) -> None:
         res["cli"].append(c)
         print(f"cli --engine {engine} ({state} cache): {c['wall_s']:.1f} s wall, rc {c['rc']}: "
               f"{' | '.join(c['stderr_tail'])}", flush=True)
-    name = f"setup_cost{'_' + args.label if args.label else ''}.json"
+    name = f"setup_cost{label}.json"
     (out / name).write_text(json.dumps(res, indent=1))
     for r in res["scenarios"]:
         if r["cache"] == "cold":
