@@ -835,6 +835,10 @@ def write_markdown(res: dict, path: Path) -> None:
               for name, r in sorted(runs.items())] + [""]
     for note in res.get("notes", []):
         L += [f"Note: {note}", ""]
+    L += ["Every table below times a warmed-up engine. What the first use costs (kernel builds from an empty "
+          "or a warm Triton cache, the build record, graph capture; the README command cold and warm against "
+          "the reference) is measured by `benchmarks/setup_cost.py`, and its tables are in "
+          "[whole_requests.md](whole_requests.md#first-run-of-the-readme-command).", ""]
     demo = res.get("demo")
     if demo:
         e2e = demo["end_to_end"]
