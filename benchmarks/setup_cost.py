@@ -232,7 +232,7 @@ def main(argv: list[str]) -> None:
         return
     src, out = Path(args.src).resolve(), Path(args.out or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
-    label = f"{'_' + args.label if args.label else ''}"
+    label = "_" + args.label if args.label else ""
     if args.cli_phases:
         cache, runs = Path(tempfile.mkdtemp(prefix="triton-cache-")), []
         for state in ("cold", "warm", "warm"):

@@ -149,8 +149,11 @@ def launches_build_only(record: list | None = None, run: bool = False):
     arguments (Triton's warmup: compiled, or found in a cache, and not run; under the interpreter
     nothing), or, with run=True, runs as usual. Each launch appends (kernel name, constexpr_args) to
     `record` when given. Patches `triton.runtime.jit.KernelInterface.__getitem__` (the launch syntax of
-    JIT and interpreted kernels alike) for the duration of the block."""
+    JIT and interpreted kernels alike) for the duration of the block and, when nothing runs, lets the
+    kernel wrappers take meta tensors (kernels.common.build_only)."""
     from triton.runtime.jit import JITFunction, KernelInterface
+
+    from .kernels import common
 
     launch = KernelInterface.__getitem__
 
@@ -165,10 +168,12 @@ def launches_build_only(record: list | None = None, run: bool = False):
         return go
 
     KernelInterface.__getitem__ = patched
+    common._BUILD_ONLY[0] = not run
     try:
         yield
     finally:
         KernelInterface.__getitem__ = launch
+        common._BUILD_ONLY[0] = False
 
 
 def trace_steps(engine, keys: list[tuple], record: list | None = None) -> None:

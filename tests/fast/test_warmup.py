@@ -126,3 +126,17 @@ def test_build_record_names_what_the_specializations_depend_on(engine3):
     assert build_record(like(max_seq_len=41), keys) != record
     assert build_record(engine3, keys[:-1]) != record
     assert build_record(engine3, engine3.request_steps([20, 1], 3, MODES["sampled"])) != record
+
+
+def test_meta_tensors_reach_a_kernel_only_inside_a_build_only_trace():
+    """A wrapper given meta tensors refuses them in one line outside the trace (where a launch would
+    run on no memory) and takes them inside it, where nothing runs."""
+    from inkling_fast.kernels.rms_norm import rms_norm
+
+    x, w = torch.empty(3, 8, device="meta"), torch.empty(8, device="meta")
+    with pytest.raises(ValueError, match="x is a meta tensor.*build-only trace"):
+        rms_norm(x, w, 1e-6)
+    with launches_build_only():
+        rms_norm(x, w, 1e-6)
+    with pytest.raises(ValueError, match="meta tensor"):       # the block's end withdraws the permission
+        rms_norm(x, w, 1e-6)
