@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import inkling_ref  # noqa: E402
-from inkling_ref.sampling import DRAFT_SAMPLING  # noqa: E402
+from inkling_ref.decoding.sampling import DRAFT_SAMPLING  # noqa: E402
 from mutants import CYCLE_MUTANTS, DEPTH_MUTANTS, PITFALL_ONLY_MUTANTS, load_mutant  # noqa: E402
 from provenance import git_commit  # noqa: E402
 

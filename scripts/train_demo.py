@@ -62,9 +62,9 @@ from tqdm import tqdm  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from inkling_ref import InklingConfig, InklingModel  # noqa: E402
-from inkling_ref.config import DENSE, GLOBAL, MOE, SLIDING  # noqa: E402
-from inkling_ref.moe import MoE  # noqa: E402
-from inkling_ref.names import from_released, is_mtp, to_released  # noqa: E402
+from inkling_ref.io.config import DENSE, GLOBAL, MOE, SLIDING  # noqa: E402
+from inkling_ref.model.moe import MoE  # noqa: E402
+from inkling_ref.io.names import from_released, is_mtp, to_released  # noqa: E402
 
 TOKENIZER = REPO / "inkling_ref" / "default_checkpoint" / "tokenizer.json"
 MTP_LOCAL_IDS = [0, 2, 4, 5, 6, 7]  # released-style: depths 1 and 3 are global

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from inkling_ref import TrunkCache, generate, load_checkpoint  # noqa: E402
-from inkling_ref import tree as TR  # noqa: E402
-from inkling_ref import tree_ranks as RK  # noqa: E402
+from inkling_ref.tree import drafts as TR  # noqa: E402
+from inkling_ref.tree import ranks as RK  # noqa: E402
 from provenance import git_commit  # noqa: E402
 
 FULL_SHAPES = [[2, 1], [2, 1, 1, 1], [2, 1, 1, 1, 1, 1], [3, 1, 1, 1], [2, 2, 1, 1], [2, 2, 2], [4, 1, 1, 1],
@@ -143,7 +143,7 @@ def write_markdown(path: Path, r: dict) -> None:
          f"held-out code), {r['new_tokens']} new tokens each, greedy. Checkpoint `{r['checkpoint']}`.",
          "", "Method (scripts/tree_acceptance.py): the greedy continuation of each prompt; the teacher-forced "
          "rank of the right token in every depth's logits along it; every shape's cycles replayed from "
-         "those ranks (`inkling_ref.tree_ranks.replay`). Checked here: " + r["validation"]["summary"], "",
+         "those ranks (`inkling_ref.tree.ranks.replay`). Checked here: " + r["validation"]["summary"], "",
          r["demo_acceptance_check"], "",
          "Acceptance length = mean accepted tokens per cycle (a + 1, the trunk's own token included); "
          "verified = tokens through the trunk per cycle (pending token + draft nodes); the last column "
@@ -173,7 +173,7 @@ def write_markdown(path: Path, r: dict) -> None:
                  f"{tree['acceptance_length']:.3f} | "
                  f"{100 * (tree['acceptance_length'] / chain['acceptance_length'] - 1):+.1f} % |")
     L += ["", "![accepted against verified tokens per cycle](" + path.with_suffix(".png").name + ")", "",
-          "Grown trees (`inkling_ref.tree_ranks.grow_trees`, up to depth "
+          "Grown trees (`inkling_ref.tree.ranks.grow_trees`, up to depth "
           f"{MAX_K}): node by node, the next-ranked child that most raises the replayed acceptance length of "
           f"the search set: the greedy continuations ({r['new_tokens']} tokens) of the first {r['search_len']} tokens "
           "of the same prompts, contexts other than the scored ones. 'In-sample' trees are grown on the scored "

@@ -30,8 +30,8 @@ from safetensors.torch import load_file, save_file
 
 import inkling_ref
 from inkling_ref import InklingConfig, generate, load_checkpoint, random_model, save_checkpoint
-from inkling_ref.cli import main
-from inkling_ref.sampling import SamplingParams
+from inkling_mtp.cli import main
+from inkling_ref.decoding.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))

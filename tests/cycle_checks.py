@@ -6,7 +6,7 @@ import torch
 
 import inkling_ref
 from configs import tiny_config
-from inkling_ref.cache import TrunkCache
+from inkling_ref.model.cache import TrunkCache
 
 CACHE_FIELDS = ("keys", "values", "k_conv_in", "v_conv_in", "attn_conv_in", "mlp_conv_in")
 ATOL = 1e-12

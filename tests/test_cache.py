@@ -145,16 +145,16 @@ def test_every_cached_state_is_really_used():
 
 
 MUTANTS = {
-    "log-tau from chunk-relative positions": [("attention.py", "tau = log_tau(q_pos, self.n_floor",
+    "log-tau from chunk-relative positions": [("model/attention.py", "tau = log_tau(q_pos, self.n_floor",
                                                "tau = log_tau(q_pos - start, self.n_floor")],
-    "attention-output conv ignores its state": [("block.py", "past=cache.attn_conv_in if cache is not None else None",
+    "attention-output conv ignores its state": [("model/block.py", "past=cache.attn_conv_in if cache is not None else None",
                                                  "past=None")],
-    "MLP-output conv ignores its state": [("block.py", "past=cache.mlp_conv_in if cache is not None else None",
+    "MLP-output conv ignores its state": [("model/block.py", "past=cache.mlp_conv_in if cache is not None else None",
                                            "past=None")],
-    "V conv ignores its state": [("attention.py", "past=cache.v_conv_in if cache is not None else None",
+    "V conv ignores its state": [("model/attention.py", "past=cache.v_conv_in if cache is not None else None",
                                   "past=None")],
     "truncate keeps the conv inputs": [
-        ("cache.py", 'for name in ("k_conv_in", "v_conv_in", "attn_conv_in", "mlp_conv_in"):', "for name in ():")],
+        ("model/cache.py", 'for name in ("k_conv_in", "v_conv_in", "attn_conv_in", "mlp_conv_in"):', "for name in ():")],
 }
 
 

@@ -393,7 +393,7 @@ def test_loading_builds_no_initializers():
     import subprocess
     import sys
     from pathlib import Path
-    code = ("import sys; from inkling_ref.checkpoint import inspect_checkpoint, load_checkpoint; "
+    code = ("import sys; from inkling_ref.io.checkpoint import inspect_checkpoint, load_checkpoint; "
             "p = sys.argv[1]; inspect_checkpoint(p); m = load_checkpoint(p); "
             "assert m.trunk.embed.weight.device.type == 'cpu' and m.trunk.embed.weight.abs().sum() > 0; "
             "print('torch._dynamo' in sys.modules)")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inkling_ref import random_model, save_checkpoint
-from inkling_ref.cli import main
+from inkling_mtp.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from make_random_checkpoint import tiny_random_config  # noqa: E402
@@ -36,7 +36,7 @@ def test_generate_prints_ids_and_statistics(ckpt, capsys):
 
 
 def test_console_script_runs(ckpt):
-    r = subprocess.run([sys.executable, "-m", "inkling_ref.cli", "generate", "--checkpoint", str(ckpt),
+    r = subprocess.run([sys.executable, "-m", "inkling_mtp.cli", "generate", "--checkpoint", str(ckpt),
                         "--prompt-ids", "1 2", "--k", "0", "--max-new-tokens", "3"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -91,7 +91,7 @@ def test_help_explains_every_term_the_output_prints(capsys):
 
 # ----------------------------------------------------------------------------- --engine ref|fast
 def test_engine_default_is_fast_on_a_gpu_and_ref_without(monkeypatch):
-    from inkling_ref.cli import resolve_engine
+    from inkling_mtp.generate import resolve_engine
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_engine(None) == "ref" and resolve_engine("ref") == "ref"
     with pytest.raises(ValueError, match="--engine fast needs a CUDA GPU"):
@@ -109,7 +109,7 @@ def test_engine_fast_without_a_gpu_is_a_clear_error(ckpt, capsys, monkeypatch):
 
 def test_engine_ref_does_not_import_inkling_fast(ckpt):
     """inkling_ref never depends on inkling_fast: the reference path runs without importing it."""
-    code = ("import sys; from inkling_ref.cli import main; "
+    code = ("import sys; from inkling_mtp.cli import main; "
             f"rc = main(['generate', '--checkpoint', {str(ckpt)!r}, '--prompt-ids', '1 2', '--k', '2', "
             "'--max-new-tokens', '4', '--engine', 'ref']); "
             "assert rc == 0; assert not any(m.startswith('inkling_fast') for m in sys.modules), 'imported'")

@@ -252,7 +252,7 @@ def test_from_file(tmp_path):
 def test_key_table_drives_reading_from_every_spelling():
     """Each scalar field of KEYS, spelled in turn by each of its spellings in the released text_config,
     reads back the same config; the MTP fields likewise from the text config."""
-    from inkling_ref.config import KEYS, LISTS_AND_WIDTHS
+    from inkling_ref.io.config import KEYS, LISTS_AND_WIDTHS
     checked = 0
     for key in KEYS:
         if key.field in LISTS_AND_WIDTHS:
@@ -277,7 +277,7 @@ def test_key_table_drives_reading_from_every_spelling():
 def test_key_table_drives_both_writers():
     """Every field is written under its spelling of the table (released: every row; transformers: the
     trunk's rows), with nothing else but the released constant use_embed_norm."""
-    from inkling_ref.config import KEYS
+    from inkling_ref.io.config import KEYS
     cfg = tiny_config(mlp_types=["moe", "dense", "moe", "dense"])  # not a dense prefix: mlp_layer_types too
     rel = cfg.to_released_dict()
     want_text = {k.released for k in KEYS if not k.mtp} | {"use_embed_norm", "mlp_layer_types"}

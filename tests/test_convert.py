@@ -23,7 +23,7 @@ from transformers import InklingForCausalLM, InklingTextConfig  # noqa: E402
 import inkling_ref  # noqa: E402
 from configs import tiny_config  # noqa: E402
 from inkling_ref import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
-from inkling_ref.cli import main  # noqa: E402
+from inkling_mtp.cli import main  # noqa: E402
 from inkling_ref.testing import rel_l2  # noqa: E402
 from mutants import load_mutant  # noqa: E402
 
@@ -131,7 +131,7 @@ def test_converted_checkpoint_gives_the_transformers_logits(hf, src, ids, hf_log
 
 def test_a_released_mtp_shard_completes_a_converted_checkpoint(src, tmp_path):
     """The converted config keeps the MTP fields, so the release's mtp.safetensors can be dropped in."""
-    inkling_ref.checkpoint.convert_transformers_checkpoint(src, tmp_path / "dst")
+    inkling_ref.io.checkpoint.convert_transformers_checkpoint(src, tmp_path / "dst")
     trunk = load_checkpoint(tmp_path / "dst", dtype=torch.float64)
     assert trunk.mtp is None and trunk.config == CFG
     head = inkling_ref.random_model(CFG, seed=3, dtype=torch.float64)
@@ -166,7 +166,7 @@ def test_multimodal_prefix_and_config(src, ids, hf_logits, tmp_path):
 
 def test_console_entry_in_a_subprocess(src, ids, hf_logits, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    run = subprocess.run([sys.executable, "-m", "inkling_ref.cli", "convert", str(src), str(tmp_path / "dst")],
+    run = subprocess.run([sys.executable, "-m", "inkling_mtp.cli", "convert", str(src), str(tmp_path / "dst")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "converted 80 tensors" in run.stdout and "no MTP head" in run.stdout
@@ -206,7 +206,7 @@ def test_misshapen_and_missing_source_tensors(src, tmp_path):
         del t["model.norm.weight"]
     d = broken_copy(src, tmp_path, spoil)
     with pytest.raises(CheckpointError) as e:
-        inkling_ref.checkpoint.convert_transformers_checkpoint(d, tmp_path / "dst")
+        inkling_ref.io.checkpoint.convert_transformers_checkpoint(d, tmp_path / "dst")
     print(e.value)
     assert "(after renaming) does not match its config.json" in str(e.value)
     assert "missing tensors (1):\n    model.llm.norm.weight" in str(e.value)
@@ -223,7 +223,7 @@ def test_quantized_source_is_refused(src, tmp_path):
     with pytest.raises(CheckpointError, match=r"quantized(.|\n)*"
                                               r"model.layers.0.self_attn.q_proj.weight \[U8 \[32, 24\]\]\n"
                                               r"    model.layers.0.self_attn.q_proj.weight_scale \[F32"):
-        inkling_ref.checkpoint.convert_transformers_checkpoint(d, tmp_path / "dst")
+        inkling_ref.io.checkpoint.convert_transformers_checkpoint(d, tmp_path / "dst")
 
 
 def test_convert_argument_errors(src, tmp_path, capsys):
@@ -246,12 +246,12 @@ def test_convert_argument_errors(src, tmp_path, capsys):
 
 MUTANTS = {
     "dense and shared w13 concatenated, not interleaved": [
-        ("transformers_layout.py", 'out[target] = interleave(part["gate"], part["up"], 1 if shared else 0)',
+        ("io/transformers_layout.py", 'out[target] = interleave(part["gate"], part["up"], 1 if shared else 0)',
          'out[target] = torch.cat([part["gate"], part["up"]], 1 if shared else 0)')],
     "routed experts' gate and up swapped": [
-        ("transformers_layout.py", "g, u = w.chunk(2, dim=1)", "u, g = w.chunk(2, dim=1)")],
+        ("io/transformers_layout.py", "g, u = w.chunk(2, dim=1)", "u, g = w.chunk(2, dim=1)")],
     "router bias not carried over": [
-        ("checkpoint.py", "converted = transformers_layout.to_released(part)",
+        ("io/checkpoint.py", "converted = transformers_layout.to_released(part)",
          "converted = {n: (t.zero_() if n.endswith('gate.bias') else t) "
          "for n, t in transformers_layout.to_released(part).items()}")],
 }
@@ -260,7 +260,7 @@ MUTANTS = {
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_convert_test_catches_mutant(mutant, src, ids, hf_logits, tmp_path):
     pkg = load_mutant(tmp_path, MUTANTS[mutant])
-    pkg.checkpoint.convert_transformers_checkpoint(src, tmp_path / "dst")
+    pkg.io.checkpoint.convert_transformers_checkpoint(src, tmp_path / "dst")
     err = logits_error(tmp_path / "dst", ids, hf_logits, package=pkg)
     print(f"{mutant}: relative L2 error {err:.1e}")
     assert err > 1e3 * BOUND, f"the convert test does not notice '{mutant}'"
@@ -269,7 +269,7 @@ def test_convert_test_catches_mutant(mutant, src, ids, hf_logits, tmp_path):
 def test_older_transformers_embed_norm_spelling():
     """transformers 5.17 (the GPU image's) names the embedding norm `model.embed_norm.weight`; newer ones
     `model.embed_tokens.embed_norm.weight`. Both convert; match_model_names picks the installed spelling."""
-    from inkling_ref import transformers_layout as tl
+    from inkling_ref.io import transformers_layout as tl
     w = torch.arange(4.0)
     for name in ("model.embed_norm.weight", "model.embed_tokens.embed_norm.weight"):
         assert list(tl.to_released({name: w})) == ["model.llm.embed_norm.weight"]

@@ -49,7 +49,7 @@ def test_mtp_weights_left_random_are_caught(reference, tmp_path):
     """The public-engine bug 'MTP weights silently not loaded': a loader that leaves the head random
     still decodes losslessly, so only the acceptance check can see it. It must."""
     from mutants import load_mutant
-    pkg = load_mutant(tmp_path, [("checkpoint.py", "                t = s.get_tensor(released)\n",
+    pkg = load_mutant(tmp_path, [("io/checkpoint.py", "                t = s.get_tensor(released)\n",
                                   "                t = s.get_tensor(released)\n"
                                   "                if released.startswith('model.mtp.'):  # MUTANT: head left random\n"
                                   "                    t = torch.randn_like(t.float()).to(t.dtype) * 0.02\n")])

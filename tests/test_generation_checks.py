@@ -8,7 +8,7 @@ import torch
 
 from configs import tiny_config
 from inkling_ref import CycleRecord, generate, random_model
-from inkling_ref.generation import Limits, normalize_prompts, validate
+from inkling_ref.decoding.generation import Limits, normalize_prompts, validate
 
 MODEL = random_model(tiny_config(num_mtp_depths=2), seed=3)  # vocabulary 91, 256 positions, 2 depths
 

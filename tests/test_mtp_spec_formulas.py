@@ -12,7 +12,7 @@ import torch
 
 from configs import tiny_config
 from inkling_ref import random_model
-from inkling_ref.names import to_released
+from inkling_ref.io.names import to_released
 from inkling_ref.testing import rel_l2
 from mutants import DEPTH_MUTANTS, load_mutant
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inkling_ref.cli import main
+from inkling_mtp.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 GPU_MARK = "# needs a CUDA GPU"

@@ -8,9 +8,9 @@ import torch
 
 from configs import tiny_config
 from inkling_ref import InklingConfig, generate, random_model
-from inkling_ref import generation as G
-from inkling_ref.generation import AcceptanceStats, CycleRecord
-from inkling_ref.sampling import DRAFT_SAMPLING, SamplingParams, draft_params, probs, rejection_sample, sample
+from inkling_ref.decoding import generation as G
+from inkling_ref.decoding.generation import AcceptanceStats, CycleRecord
+from inkling_ref.decoding.sampling import DRAFT_SAMPLING, SamplingParams, draft_params, probs, rejection_sample, sample
 from mutants import load_mutant
 
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy is a test dependency")
@@ -142,10 +142,10 @@ def test_distribution_preserved(params, draft_sampling):
 
 
 SAMPLER_MUTANTS = {
-    "always accept": [("sampling.py", "if u_accept[j] * float(q[j, d]) < float(p[j, d]):", "if True:")],
-    "always reject": [("sampling.py", "if u_accept[j] * float(q[j, d]) < float(p[j, d]):", "if False:")],
+    "always accept": [("decoding/sampling.py", "if u_accept[j] * float(q[j, d]) < float(p[j, d]):", "if True:")],
+    "always reject": [("decoding/sampling.py", "if u_accept[j] * float(q[j, d]) < float(p[j, d]):", "if False:")],
     # a classic bug: after a rejection, resample from p instead of the residual max(p - q, 0)
-    "resample from p": [("sampling.py", "residual = (p[j] - q[j]).clamp(min=0)", "residual = p[j].clone()")],
+    "resample from p": [("decoding/sampling.py", "residual = (p[j] - q[j]).clamp(min=0)", "residual = p[j].clone()")],
 }
 
 
@@ -169,7 +169,7 @@ FILTERED = SamplingParams(1.5, top_k=4, top_p=0.6)
 TEMPERATURE_RUNS = 1500
 Q_MUTANTS = {
     # q computed with top-p while the draft was drawn without it
-    "q filtered by top-p, draft not": [("generation.py", "q = probs(d.logits, q_params)",
+    "q filtered by top-p, draft not": [("decoding/generation.py", "q = probs(d.logits, q_params)",
                                         "q = probs(d.logits, SamplingParams(q_params.temperature, top_p=params.top_p))")],
 }
 

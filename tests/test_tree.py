@@ -1,4 +1,4 @@
-"""Tree drafts (inkling_ref/tree.py) pinned against chains, in float64 on random tiny models.
+"""Tree drafts (inkling_ref/tree/drafts.py) pinned against chains, in float64 on random tiny models.
 
 1. tree_paths: levels, ancestor masks and conv windows of hand-written trees; a chain gives back the
    causal mask and the unfolded windows; the hooks with chain parents give the default forward
@@ -21,9 +21,9 @@ from cycle_checks import (ATOL, assert_cache_rows_equal, assert_trunk_cache_is_f
                           plain_greedy)
 from inkling_ref import random_model
 from inkling_ref import speculative as S
-from inkling_ref import tree as TR
-from inkling_ref.cache import TrunkCache
-from inkling_ref.tree_paths import ancestor_mask, conv_window_index, path_levels
+from inkling_ref.tree import drafts as TR
+from inkling_ref.model.cache import TrunkCache
+from inkling_ref.model.tree_paths import ancestor_mask, conv_window_index, path_levels
 from mutants import assert_some_check_fails, load_mutant
 
 FULL_SHAPES = [[2, 2, 1, 1], [3, 1, 2], [1, 1, 1, 1], [4], [2, 1, 1, 1]]
@@ -293,22 +293,22 @@ def test_spec_shapes_and_errors():
 # ----------------------------------------------------------------------------- mutants
 TREE_MUTANTS = {
     "conv window follows the previous row, not the parent": [(
-        "tree_paths.py", "return K - 2 if p < 0 else K - 1 + p", "return i - 1")],
+        "model/tree_paths.py", "return K - 2 if p < 0 else K - 1 + p", "return i - 1")],
     "siblings see each other": [(
-        "tree_paths.py", "        u = t\n        while u >= 0:",
+        "model/tree_paths.py", "        u = t\n        while u >= 0:",
         "        for s in range(t):  # MUTANT: earlier siblings are visible too\n"
         "            rows[t][s] = rows[t][s] or par[s] == par[t]\n"
         "        u = t\n        while u >= 0:")],
     "commit keeps a rejected branch's trunk rows": [(
-        "tree.py", "trunk_rows = list(range(n - 1)) + [n - 1 + u for u in [0] + path]",
+        "tree/drafts.py", "trunk_rows = list(range(n - 1)) + [n - 1 + u for u in [0] + path]",
         "trunk_rows = list(range(n + len(path)))")],
     "commit keeps a rejected branch's depth rows": [(
-        "tree.py", "rows.append(tree.depth_rows[m][u])", "rows.append(tree.depth_committed[m] + i - 1)")],
+        "tree/drafts.py", "rows.append(tree.depth_rows[m][u])", "rows.append(tree.depth_committed[m] + i - 1)")],
     "tree rows at consecutive positions": [(
-        "attention.py", "q_pos = start + path_levels(parents)",
+        "model/attention.py", "q_pos = start + path_levels(parents)",
         "q_pos = torch.arange(start, start + T, device=x.device)")],
     "depth reads its own row of the previous depth, not the parent's": [(
-        "tree.py", "prev_out[[prev_row[spec.parents[u]] for u in nodes]]",
+        "tree/drafts.py", "prev_out[[prev_row[spec.parents[u]] for u in nodes]]",
         "prev_out[[prev_row.get(u, prev_row[spec.parents[u]]) for u in nodes]]")],
 }
 
@@ -318,7 +318,7 @@ def test_suite_catches_tree_mutant(mutant, tmp_path):
     """This file's central checks, run against a mutant package: at least one fails."""
     global S, TR
     pkg = load_mutant(tmp_path, TREE_MUTANTS[mutant])
-    tree = importlib.import_module(pkg.__name__ + ".tree")
+    tree = importlib.import_module(pkg.__name__ + ".tree.drafts")
     m = four_depth_model(pkg)
     spec = tree.TreeSpec.from_branching([2, 2, 1, 1])
     checks = [("verify", lambda: test_tree_verify_equals_path_by_path_verify(m, spec)),

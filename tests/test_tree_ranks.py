@@ -1,4 +1,4 @@
-"""inkling_ref/tree_ranks.py: draft ranks, the replay of tree cycles from them, and tree growth.
+"""inkling_ref/tree/ranks.py: draft ranks, the replay of tree cycles from them, and tree growth.
 
 The replay must give generate_tree's cycles exactly (accepted count, accepted rank path, counted),
 checked on the demo checkpoint in float64, where drafts are often right and paths leave the top-1."""
@@ -12,8 +12,8 @@ import torch
 
 from configs import tiny_config
 from inkling_ref import load_checkpoint, random_model
-from inkling_ref import tree as TR
-from inkling_ref import tree_ranks as RK
+from inkling_ref.tree import drafts as TR
+from inkling_ref.tree import ranks as RK
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,9 +11,9 @@ transformers = pytest.importorskip("transformers", reason="transformers is a tes
 from transformers import InklingForCausalLM, InklingTextConfig  # noqa: E402
 
 from configs import tiny_config  # noqa: E402
-from inkling_ref import transformers_layout  # noqa: E402
-from inkling_ref.attention import log_tau  # noqa: E402
-from inkling_ref.names import to_released  # noqa: E402
+from inkling_ref.io import transformers_layout  # noqa: E402
+from inkling_ref.model.attention import log_tau  # noqa: E402
+from inkling_ref.io.names import to_released  # noqa: E402
 from inkling_ref.testing import rel_l2  # noqa: E402
 from mutants import load_mutant  # noqa: E402
 
@@ -94,14 +94,14 @@ def test_random_model_is_nontrivial():
 
 
 MUTANTS = {
-    "w13 split in halves": [("mlp.py", 'gu = rearrange(gu, "... (f two) -> ... f two", two=2)\n    g, u = gu[..., 0], gu[..., 1]',
+    "w13 split in halves": [("model/mlp.py", 'gu = rearrange(gu, "... (f two) -> ... f two", two=2)\n    g, u = gu[..., 0], gu[..., 1]',
                              'g, u = gu.chunk(2, dim=-1)')],
-    "1/sqrt(hd) scale": [("attention.py", "/ hd + bias", "/ math.sqrt(hd) + bias")],
-    "bias not zeroed beyond extent": [("attention.py", "inside = (distance >= 0) & (distance < E)",
+    "1/sqrt(hd) scale": [("model/attention.py", "/ hd + bias", "/ math.sqrt(hd) + bias")],
+    "bias not zeroed beyond extent": [("model/attention.py", "inside = (distance >= 0) & (distance < E)",
                                        "inside = distance >= 0")],
-    "router bias in the weights": [("moe.py", "active = torch.cat([s.gather(1, chosen)",
+    "router bias in the weights": [("model/moe.py", "active = torch.cat([s.gather(1, chosen)",
                                     "active = torch.cat([(s[:, : self.num_routed] + self.router_bias.to(dt)).gather(1, chosen)")],
-    "sconv without residual": [("conv.py", "y = x.to(dt) + torch.einsum", "y = torch.einsum")],
+    "sconv without residual": [("model/conv.py", "y = x.to(dt) + torch.einsum", "y = torch.einsum")],
 }
 
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import InklingModel
-from .tree import TreeSpec
+from ..model.model import InklingModel
+from .drafts import TreeSpec
 
 
 @torch.no_grad()

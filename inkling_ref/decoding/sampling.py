@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import is_int, is_real
+from ..io.config import is_int, is_real
 
 
 @dataclass(frozen=True)

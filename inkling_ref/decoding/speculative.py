@@ -26,8 +26,8 @@ from typing import Callable
 
 import torch
 
-from .cache import LayerCache, TrunkCache
-from .model import InklingModel
+from ..model.cache import LayerCache, TrunkCache
+from ..model.model import InklingModel
 
 # select(m, logits [V], position) -> token: how depth m turns its logits at the last window row into
 # the draft for absolute `position` (= n + m). Greedy by default; sampling and tests plug in others.

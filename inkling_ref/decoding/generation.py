@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from . import speculative as S
-from .config import InklingConfig, is_int
-from .model import InklingModel
+from ..io.config import InklingConfig, is_int
+from ..model.model import InklingModel
 from .sampling import DRAFT_SAMPLING, SamplingParams, draft_params, probs, rejection_sample, sample
 
 

@@ -41,9 +41,9 @@ from typing import Callable
 
 import torch
 
-from . import speculative as S
-from .cache import LayerCache
-from .model import InklingModel
+from ..decoding import speculative as S
+from ..model.cache import LayerCache
+from ..model.model import InklingModel
 
 # candidates(m, logits [V], position, count) -> the `count` tokens depth m proposes, best first, for
 # the children of one node (at absolute `position`). Default: the top `count`; tests plug in scripts.

@@ -13,7 +13,7 @@ from torch import nn
 
 from .attention import Attention
 from .cache import LayerCache, append
-from .config import MOE, InklingConfig
+from ..io.config import MOE, InklingConfig
 from .conv import ShortConv
 from .mlp import DenseMLP
 from .moe import MoE

@@ -1,105 +1,19 @@
-"""The `inkling-mtp` command line.
-
-    inkling-mtp generate [--checkpoint DIR] (--prompt TEXT | --prompt-ids "3 17 5") [--k N]
-                         [--max-new-tokens N] [--temperature T [--top-k K] [--top-p P] [--seed S]]
-                         [--dtype D] [--engine ref|fast] [--threads N]
-    inkling-mtp convert SRC DST [--max-shard-size 5GB] [--overwrite]
-
-Each subcommand is one `add_<name>(subparsers)` function that registers its arguments and sets
-`func`, the function that runs it and returns the exit status. To add a subcommand, write its
-`add_` function and list it in `SUBCOMMANDS`.
-
-Errors are one line, `inkling-mtp COMMAND: error: ...`, that names the flag or file and what would be
-valid, in the command line's own words (`--k 9`, not the API's `num_speculative_tokens=9`); never a
-traceback. Exit status 2: the command line is invalid whatever the checkpoint (a flag's value, flags
-that contradict each other); 1: it cannot run with these files (the checkpoint, its config or
-tokenizer, or a prompt, --k or --max-new-tokens beyond what the checkpoint holds).
-"""
+"""`inkling-mtp generate`: continue a prompt with MTP speculative decoding, on the fast engine (CUDA)
+or the reference, and print the continuation (stdout) and its acceptance statistics (stderr)."""
 
 from __future__ import annotations
 
 import argparse
-import math
-import re
 import sys
 from pathlib import Path
 
-from .checkpoint import (CheckpointError, convert_transformers_checkpoint, inspect_checkpoint, load_checkpoint,
-                         load_tokenizer)
-from .config import ConfigError
-from .generation import Limits, validate
+from inkling_ref import DEFAULT_CHECKPOINT, CheckpointError
+from inkling_ref.decoding.generation import Limits, validate
+from inkling_ref.io.checkpoint import inspect_checkpoint, load_checkpoint, load_tokenizer
 
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "default_checkpoint"
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+from .argtypes import integer, number
 
 
-def parse_size(text: str) -> int:
-    """'5GB' -> 5_000_000_000, '512MiB' -> 536_870_912, '1000' -> 1000."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 5GB, 512MiB, 1000000)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
-
-def integer(lo: int):
-    """argparse type: an integer >= lo."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            v = None
-        if v is None or v < lo:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
-        return v
-    return parse
-
-
-def number(lo: float, hi: float = math.inf, lo_open: bool = False):
-    """argparse type: a finite number in [lo, hi] ((lo, hi] with lo_open). NaN and infinity are refused:
-    they would pass no check downstream and sample garbage."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            v = math.nan
-        if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
-            interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]" if hi < math.inf else f">= {lo:g}"
-            raise argparse.ArgumentTypeError(f"must be a finite number {'in ' if hi < math.inf else ''}"
-                                             f"{interval}, got {text!r}")
-        return v
-    return parse
-
-
-# ---------------------------------------------------------------------- convert
-def run_convert(args) -> int:
-    summary = convert_transformers_checkpoint(args.src, args.dst, max_shard_bytes=args.max_shard_size,
-                                              overwrite=args.overwrite)
-    print(f"converted {summary['tensors']} tensors ({summary['bytes'] / 1e9:.3f} GB) from {args.src} "
-          f"(transformers layout) to {args.dst} (released layout): {', '.join(summary['files'])}")
-    if not summary["mtp_depths"]:
-        print("no MTP head: the transformers layout has none. To add one, copy the release's "
-              f"mtp.safetensors into {args.dst} (config.json keeps the MTP fields of the source config).")
-    return 0
-
-
-def add_convert(subparsers) -> None:
-    p = subparsers.add_parser(
-        "convert", help="transformers-layout checkpoint -> released layout",
-        description="Convert an Inkling checkpoint written by transformers' save_pretrained "
-                    "(InklingForCausalLM, or the text part of InklingForConditionalGeneration) into the "
-                    "released layout that inkling_ref.load_checkpoint reads. Safetensors only.")
-    p.add_argument("src", metavar="SRC", help="transformers checkpoint directory (config.json + safetensors)")
-    p.add_argument("dst", metavar="DST", help="output directory (released layout)")
-    p.add_argument("--max-shard-size", type=parse_size, default=None, metavar="SIZE",
-                   help="write the trunk in shards of at most SIZE (e.g. 5GB) plus an index; "
-                        "default: one model.safetensors")
-    p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in DST")
-    p.set_defaults(func=run_convert)
-
-
-# ---------------------------------------------------------------------- generate
 def parse_ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.replace(",", " ").split()]
@@ -110,7 +24,7 @@ def parse_ids(text: str) -> list[int]:
 
 def resolve_engine(name: str | None, dtype: str = "float32") -> str:
     """--engine: 'ref' (the reference) or 'fast' (inkling_fast.Engine, CUDA). Default: fast when a CUDA
-    GPU is present and the dtype is one the fast engine runs (float32, bfloat16), ref otherwise."""
+    GPU is present and the dtype is one the fast engine runs (FAST_DTYPES), ref otherwise."""
     import torch
 
     if name is None:
@@ -120,7 +34,7 @@ def resolve_engine(name: str | None, dtype: str = "float32") -> str:
     return name
 
 
-FAST_DTYPES = ("float32", "bfloat16")
+FAST_DTYPES = ("float32", "bfloat16")   # inkling_fast.engine.DTYPES (tests/test_layering.py keeps them equal)
 SAMPLING_ONLY = ("top_k", "top_p", "seed")  # flags that mean nothing to greedy decoding
 
 GLOSSARY = """\
@@ -219,7 +133,7 @@ def report(result, k: int, engine: str, dtype: str, setup=None) -> str:
     return "\n".join(lines)
 
 
-def run_generate(args) -> int:
+def run(args) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
@@ -239,7 +153,7 @@ def run_generate(args) -> int:
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_id=model.config.eos_token_id)
     setup = None
     if engine == "fast":
-        from inkling_fast import Engine  # imported only here: inkling_ref never depends on inkling_fast
+        from inkling_fast import Engine  # imported only here: a CPU-only install has no Triton
 
         max_seq_len = max(2, min(len(prompt) + args.max_new_tokens, model.config.max_position_embeddings))
         fast = Engine(model, max_batch_size=1, max_seq_len=max_seq_len, num_speculative_tokens=k,
@@ -247,7 +161,7 @@ def run_generate(args) -> int:
         setup = fast.warmup(prompt, **options)      # compile + capture for exactly this request's shapes
         result = fast.generate(prompt, **options)
     else:
-        from .generation import generate
+        from inkling_ref import generate
 
         result = generate(model, prompt, **options)
     new = result.token_ids[0]
@@ -259,7 +173,7 @@ def run_generate(args) -> int:
     return 0
 
 
-def add_generate(subparsers) -> None:
+def add(subparsers) -> None:
     p = subparsers.add_parser(
         "generate", help="generate a continuation with MTP speculative decoding",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=GLOSSARY,
@@ -285,38 +199,8 @@ def add_generate(subparsers) -> None:
                    help="weights and activations (the fast engine runs float32 or bfloat16)")
     p.add_argument("--engine", choices=["ref", "fast"], default=None,
                    help="ref: the reference (CPU); fast: inkling_fast.Engine, Triton kernels in CUDA graphs "
-                        "(needs a GPU). Default: fast when a GPU is present and --dtype is float32 or "
-                        "bfloat16, else ref")
+                        "(needs a GPU). Default: fast when a GPU is present and --dtype is one it runs, "
+                        "else ref")
     p.add_argument("--threads", type=integer(1), default=1, metavar="N",
                    help="CPU threads for torch (default 1: the reference's many small ops run fastest on one)")
-    p.set_defaults(func=run_generate, check=lambda args: check_generate_args(p, args))
-
-
-# The subcommands, in the order `--help` lists them.
-SUBCOMMANDS = [add_generate, add_convert]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inkling-mtp",
-                                     description="Inkling reference: checkpoints and MTP speculative decoding.")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in SUBCOMMANDS:
-        add(subparsers)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `inkling-mtp`; returns the exit status (0 ok, 1 cannot run with these files, 2 bad usage)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "check", None) is not None:  # contradictions between flags: exit 2 with the usage
-        args.check(args)
-    try:
-        return args.func(args)
-    except (CheckpointError, ConfigError, ValueError, OSError) as e:
-        print(f"inkling-mtp {args.command}: error: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    p.set_defaults(func=run, check=lambda args: check_generate_args(p, args))

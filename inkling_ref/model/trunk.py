@@ -15,7 +15,7 @@ from torch import nn
 
 from .block import InklingBlock
 from .cache import TrunkCache
-from .config import InklingConfig
+from ..io.config import InklingConfig
 from .norm import RMSNorm
 
 
@@ -39,7 +39,7 @@ class Trunk(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache: TrunkCache | None = None,
                 parents: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids: [B, T] (the new tokens only, when a cache is given) -> H: [B, T, H].
-        parents: [T] (optional) the new tokens form a draft tree (inkling_ref/tree_paths.py)."""
+        parents: [T] (optional) the new tokens form a draft tree (inkling_ref/model/tree_paths.py)."""
         h = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             h = layer(h, cache.layers[i] if cache is not None else None, parents)

@@ -20,7 +20,7 @@ from torch import nn
 
 from .block import InklingBlock
 from .cache import LayerCache
-from .config import DENSE, InklingConfig
+from ..io.config import DENSE, InklingConfig
 from .norm import RMSNorm
 
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .cache import LayerCache
-from .config import InklingConfig
+from ..io.config import InklingConfig
 from .mtp import MTPHead
 from .trunk import Trunk
 

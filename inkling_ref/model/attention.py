@@ -25,7 +25,7 @@ from einops import rearrange
 from torch import nn
 
 from .cache import LayerCache, append
-from .config import SLIDING, InklingConfig
+from ..io.config import SLIDING, InklingConfig
 from .conv import ShortConv
 from .norm import RMSNorm, compute_dtype
 from .tree_paths import ancestor_mask, path_levels

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import InklingConfig
+from ..io.config import InklingConfig
 from .mlp import swiglu_interleaved
 from .norm import compute_dtype
 

@@ -31,7 +31,9 @@ from safetensors.torch import save_file
 
 from . import names, transformers_layout
 from .config import ConfigError, InklingConfig, intermediate_size_reading
-from .model import InklingModel
+from ..model.model import InklingModel
+
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_checkpoint"   # the bundled demo
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"

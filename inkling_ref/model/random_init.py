@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .config import InklingConfig
+from ..io.config import InklingConfig
 from .model import InklingModel
 
 

@@ -1,0 +1,1 @@
+"""inkling_mtp: the `inkling-mtp` command line over both engines (cli.py)."""

@@ -1,0 +1,7 @@
+"""`python -m inkling_mtp` runs the command line."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

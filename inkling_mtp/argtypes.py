@@ -1,0 +1,48 @@
+"""Argument types of the command line: each parses one flag's text or says, in one line, what would
+be valid (argparse turns that into `inkling-mtp COMMAND: error: argument --flag: ...`, exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'5GB' -> 5_000_000_000, '512MiB' -> 536_870_912, '1000' -> 1000."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 5GB, 512MiB, 1000000)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def integer(lo: int):
+    """argparse type: an integer >= lo."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = None
+        if v is None or v < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
+        return v
+    return parse
+
+
+def number(lo: float, hi: float = math.inf, lo_open: bool = False):
+    """argparse type: a finite number in [lo, hi] ((lo, hi] with lo_open). NaN and infinity are refused:
+    they would pass no check downstream and sample garbage."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
+            interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]" if hi < math.inf else f">= {lo:g}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {'in ' if hi < math.inf else ''}"
+                                             f"{interval}, got {text!r}")
+        return v
+    return parse
