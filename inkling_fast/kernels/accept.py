@@ -8,6 +8,8 @@ target[b, j] is the trunk's argmax at verify row j (row j judges draft j+1; row 
 bonus), e.g. from `lm_head_argmax` over the verify hiddens. k_eff (per sequence, <= K) allows ragged
 draft counts; drafts and targets beyond it are ignored. One program per sequence, no host sync: the
 engine reads a and next_token on the device (commit n += a + 1) or copies them back asynchronously.
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

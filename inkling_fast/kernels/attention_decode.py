@@ -45,6 +45,8 @@ Kernel design:
 The wrapper validates shapes/dtypes/devices and, for sliding layers, cap >= window + T - 1 (the
 ring must hold the oldest key of the first row and the newest of the last). Positions are not
 inspected on the host: a global layer's cap must exceed every position.
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations
@@ -214,10 +216,7 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, pos_ptr, NUM_SPLITS, NH: tl
 
 # ----------------------------------------------------------------------------------------------- launch
 def sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device (4 stands in for the CPU interpreter). A meta device (a build-only
-    trace, warmup.py) stands for the current CUDA device, or for the interpreter's CPU."""
-    if device.type == "meta" and torch.cuda.is_available() and not interpreting():
-        device = torch.device("cuda")
+    """Multiprocessors of a CUDA device (4 stands in for the CPU interpreter)."""
     if device.type != "cuda":
         return 4
     idx = device.index if device.index is not None else torch.cuda.current_device()

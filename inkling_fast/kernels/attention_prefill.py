@@ -18,6 +18,8 @@ program per (batch row, KV head, query tile), no split-KV (the query tiles give 
 and FLAT_KV on. Known cost: L_rel' is materialized by the prep ([B, T, nH, E] fp32, 128 KB per
 token for Inkling-Small's global layers) — the price of sharing one kernel and one bias layout
 with decode; a production prefill would compute the bias from r and P in the kernel.
+
+Copy with it: attention_decode.py, commit_rows.py, common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

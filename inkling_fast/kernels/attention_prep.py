@@ -48,6 +48,8 @@ Positions and slots live on the device and are not inspected (that would be a ho
 must be in range and distinct across the batch rows that hold valid rows (two rows writing one slot
 would race), the valid rows of a batch row must hold consecutive positions, and a global layer's
 cap must exceed every position.
+
+Copy with it: commit_rows.py, common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ everything, then this launch writes (short_conv, attention_prep in flat_kv mode,
 
 Program (row b * T + t, channel tile): a row that does not write loads nothing. Slots outside
 [0, slots) write nothing (no memory is touched for them).
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

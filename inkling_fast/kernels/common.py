@@ -13,8 +13,7 @@ the argument checks of the wrappers.
     need(ok, msg)                      raise ValueError(msg) unless ok
     check_tensor(name, t, ...)         one clear ValueError naming the argument and what would be valid
     out_tensor(name, t, shape, ...)    a given output buffer checked, or a new one
-    check_kernel_device(name, t)       CUDA tensors, or CPU tensors under the interpreter (meta: a build-only trace)
-    build_only()                       inside a build-only trace (warmup.launches_build_only), launches only build
+    check_kernel_device(name, t)       CUDA tensors, or CPU tensors under the interpreter
     starts_like(t, *others)            t begins where one of the others begins (an aliased output)
     refuse_sync_in_capture(flag)       a host-side check (a device sync) asked for inside a CUDA graph capture
     check_ids_in_range(ids, V)         host-side: every token id in [0, V)
@@ -175,31 +174,17 @@ def out_tensor(name: str, t, shape: tuple, dtype: torch.dtype, device) -> torch.
     return t
 
 
-_BUILD_ONLY = [False]       # set by warmup.launches_build_only for the duration of its block
-
-
-def build_only() -> bool:
-    """True inside a build-only trace (warmup.launches_build_only): kernel launches build the kernel and
-    run nothing, so meta tensors (shapes without memory) may stand for CUDA tensors."""
-    return _BUILD_ONLY[0]
-
-
 def check_kernel_device(name: str, t: torch.Tensor) -> None:
-    """The Triton kernels need CUDA tensors; CPU tensors only under the interpreter; meta tensors only
-    inside a build-only trace, where nothing runs."""
-    if t.device.type == "meta":
-        if not build_only():
-            raise ValueError(f"{name} is a meta tensor: the Triton kernels take meta tensors only inside a "
-                             "build-only trace (inkling_fast.warmup.launches_build_only)")
-    elif t.device.type != "cuda" and not interpreting():
+    """The Triton kernels need CUDA tensors; CPU tensors only under the interpreter."""
+    if t.device.type != "cuda" and not (t.device.type == "cpu" and interpreting()):
         raise ValueError(f"{name} is on {t.device}: the Triton kernels need CUDA tensors "
                          "(CPU tensors only under TRITON_INTERPRET=1)")
 
 
 def starts_like(t: torch.Tensor, *others: torch.Tensor) -> bool:
     """t begins at the address where one of `others` begins (an output that would overwrite an input
-    other programs still read). Meta tensors have no memory: they alias nothing."""
-    if t.numel() == 0 or t.device.type == "meta":
+    other programs still read)."""
+    if t.numel() == 0:
         return False
     return t.data_ptr() in [o.data_ptr() for o in others]
 

@@ -13,6 +13,8 @@ a power of two lanes (masked past H): each norm is one in-register reduction, th
 
 Token ids outside [0, V) never touch memory outside the table: with `check_ids=False` (the
 engine's sync-free path) their rows come out NaN; with `check_ids=True` the wrapper raises first.
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ pass never needs to know the launch configuration of the first.
 
 The tiles follow from H, BLOCK_T and the dtype by a rule (`launch_config`; no autotuning), and the
 row count T is a runtime value: the first kernel compiles once per BLOCK_T (16, 32 or 64 rows).
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

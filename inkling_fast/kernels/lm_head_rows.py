@@ -31,6 +31,8 @@ size); in float32 it is exact but writes and reads 4 * T * V_out bytes more than
 
 The tiles follow from the row count and the dtype by a rule (`launch_config`; no autotuning), and T
 itself is a runtime value: the kernel compiles once per tile shape (two for bf16).
+
+Copy with it: common.py, lm_head_argmax.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ Launch configuration (`launch_config`, a rule on H and the dtype; no autotuning)
 the experts are streamed in are fixed per model width and dtype, and the token count N (like P = N *
 (k + S)) is a runtime value, so each kernel compiles once per model (the align step twice at most:
 one pair tile for up to 32 pairs, a wider one above).
+
+Copy with it: common.py, moe_router.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations
@@ -38,10 +40,9 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
-
-from inkling_ref.moe import MoE as RefMoE
 
 from .common import (INDEX_DTYPES, check_tensor, interpreting, k_loop, k_loop_pair, need, out_tensor, pipeline_stages,
                      round_to)
@@ -216,11 +217,18 @@ def launch_config(H: int, dtype: torch.dtype) -> tuple[dict, dict]:
 
 
 # ----------------------------------------------------------------------------- twins
+def swiglu_expert_torch(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """One SwiGLU expert in x's dtype: x [N, H], gate_up [2F, H] with gate and up rows interleaved
+    (g0, u0, g1, u1, ...), down [H, F] -> down @ (silu(g) * u): [N, H]."""
+    gu = F.linear(x, gate_up)
+    return F.linear(F.silu(gu[:, 0::2]) * gu[:, 1::2], down)
+
+
 def moe_experts_torch(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
                       w2: torch.Tensor, shared_w13: torch.Tensor | None, shared_w2: torch.Tensor | None
                       ) -> torch.Tensor:
     """The twin, a straightforward grouped implementation: one pass per touched expert over its tokens
-    (the reference's expert, in x's dtype), weighted sum in float32 (float64 for float64 x).
+    (swiglu_expert_torch, in x's dtype), weighted sum in float32 (float64 for float64 x).
     x [N, H] -> [N, H] in x's dtype."""
     N, H = x.shape
     K = chosen.shape[1]
@@ -228,11 +236,11 @@ def moe_experts_torch(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tens
     out = torch.zeros(N, H, dtype=acc, device=x.device)
     for e in torch.unique(chosen).tolist():                 # host sync: fine for the twin
         tok, slot = torch.where(chosen == e)
-        y = RefMoE.expert(x[tok], w13[e], w2[e])
+        y = swiglu_expert_torch(x[tok], w13[e], w2[e])
         out.index_add_(0, tok, y.to(acc) * weights[tok, slot, None].to(acc))
     S = 0 if shared_w13 is None else shared_w13.shape[0]
     for s in range(S):
-        out += RefMoE.expert(x, shared_w13[s], shared_w2[s]).to(acc) * weights[:, K + s, None].to(acc)
+        out += swiglu_expert_torch(x, shared_w13[s], shared_w2[s]).to(acc) * weights[:, K + s, None].to(acc)
     return out.to(x.dtype)
 
 
@@ -332,7 +340,7 @@ def moe_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, w1
 def moe(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor, gate_global_scale: torch.Tensor,
         route_scale: float, top_k: int, w13: torch.Tensor, w2: torch.Tensor, shared_w13: torch.Tensor | None = None,
         shared_w2: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The whole MoE layer (inkling_ref.moe.MoE.forward) for x [N, H], N <= 256: `moe_route`, then
+    """The whole MoE layer (inkling_ref/model/moe.py, MoE.forward) for x [N, H], N <= 256: `moe_route`, then
     `moe_experts`. router_weight [R + S, H], router_bias [R], gate_global_scale [1] (on the device),
     route_scale (float), top_k, expert weights as in `moe_experts`. Six launches, no host sync."""
     check_router_rows(router_weight, router_bias, route_scale, shared_w13)

@@ -68,6 +68,8 @@ BLOCK_M is chosen from the expected tokens per routed expert, N * k / R (at leas
 the sorted order depends on it). The other tiles follow from H, BLOCK_M and the dtype
 (`launch_config`; no autotuning), and the sizes that change with N (pairs, blocks, tiles, tokens) are
 runtime values: the kernels compile once per BLOCK_M the calls need.
+
+Copy with it: common.py, moe.py, moe_router.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations
@@ -349,7 +351,7 @@ def moe_grouped(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch
                 gate_global_scale: torch.Tensor, route_scale: float, top_k: int, w13: torch.Tensor, w2: torch.Tensor,
                 shared_w13: torch.Tensor | None = None, shared_w2: torch.Tensor | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """The whole MoE layer (inkling_ref.moe.MoE.forward) for x [N, H], any N, with the arguments of
+    """The whole MoE layer (inkling_ref/model/moe.py, MoE.forward) for x [N, H], any N, with the arguments of
     `moe.moe`: router_weight [R + S, H], router_bias [R], gate_global_scale [1] (on the device),
     route_scale (float), top_k, expert weights as in `moe_grouped_experts`. `moe_route`, then
     `moe_grouped_experts`: eight launches, no host sync."""

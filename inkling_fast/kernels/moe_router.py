@@ -1,4 +1,4 @@
-"""The MoE router on the device (inkling_ref/moe.py, `MoE.route`), for any number of tokens:
+"""The MoE router on the device (inkling_ref/model/moe.py, `MoE.route`), for any number of tokens:
 
     z      = x @ W_gate^T                                 [N, R + S] float32 (routed rows, then shared)
     chosen = top-k over e < R of sigmoid(z_e) + bias_e     the bias selects, it never weighs
@@ -14,6 +14,8 @@ Two launches, no host sync:
      (max, lowest id reaching it, mask it out): equal scores go to the lower expert id (torch.topk
      does not specify its tie order; the reference's outputs are the same either way only when
      the k-th and (k+1)-th scores differ). global_scale is read on the device.
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

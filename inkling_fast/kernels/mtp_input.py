@@ -14,6 +14,8 @@ is a model-dtype tensor) and writes c[i, H:]. Two ways to hold a row (`launch_co
   * more rows: pieces of at most 2048 lanes (so H = 6144 is three full pieces, no masked lanes),
     one pass per norm and one to write, the later passes re-reading the row from L1/L2.
 Out-of-range ids: NaN in c[i, H:] when check_ids=False, an error when True (see embed_norm.py).
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

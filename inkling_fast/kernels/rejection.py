@@ -1,5 +1,5 @@
 """Speculative rejection sampling for a batch, on the device (Leviathan et al.; the batched twin of
-inkling_ref.sampling.rejection_sample, fed the same uniforms it gives the same tokens):
+inkling_ref.decoding.sampling.rejection_sample, fed the same uniforms it gives the same tokens):
 
     for j < k_eff[b]:  accept d_j  iff  u_accept[b, j] * q[b, j, d_j] < p[b, j, d_j]
     a[b]           = the first rejected j (k_eff[b] if none)
@@ -17,6 +17,8 @@ One program per sequence, float64 throughout, no host sync: the k acceptance tes
 the residual/bonus is drawn by the inverse-CDF scan of sampling.py (`_inverse_cdf`: two passes over
 the row, a third only if rounding hit an id of zero mass). The uniforms come from the caller, e.g.
 `philox_uniforms` (uniforms.py) seeded per sequence on the device.
+
+Copy with it: accept.py, common.py, sampling.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

@@ -4,13 +4,15 @@
     add_rms_norm:  s = x + residual  (rounded to the model dtype: the new residual stream)
                    y = rms_norm(s)
 
-Numerics as the reference (`inkling_ref.norm.rms_norm`): fp32 math, the weight multiplied in fp32,
+Numerics as the reference (`rms_norm` in inkling_ref/model/norm.py): fp32 math, the weight multiplied in fp32,
 one rounding to the model dtype at the end. Shapes: x, residual [..., H] (any leading dimensions that
 view as rows without a copy, last dimension contiguous); weight [H].
 
 Program layout: program i takes row i, BLOCK_H = H rounded up to a power of two lanes (masked past
 H), so the sum of squares is one in-register reduction and the row is read once. Up to 8 warps keep
 16-32 elements per thread at the model widths.
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Sampling on the device, as functions of explicit uniforms (the twins of inkling_ref/sampling.py).
+"""Sampling on the device, as functions of explicit uniforms (the twins of inkling_ref/decoding/sampling.py).
 
-    sampling_probs(logits, params)   temperature, then top-k, then top-p -> float64 probabilities
+    sampling_probs(logits, temperature, top_k, top_p)   temperature, then top-k, then top-p -> float64
+                                                         probabilities
     sample_tokens(p, u)              inverse CDF: the smallest id i with cumsum(p)[i] > u * sum(p)
 
 `sampling_probs` is vectorized torch on the logits' device (softmax in float64; a stable sort only
-when top-k or top-p is set), with exactly the rules of `inkling_ref.sampling.probs`: the k most likely
+when top-k or top-p is set), with exactly the rules of the reference's `probs` (inkling_ref/decoding/sampling.py): the k most likely
 ids, ties towards lower ids; then the smallest prefix of that order whose mass reaches top_p,
 renormalizing after each filter. It never synchronizes with the host (every shape and parameter is
 known on the host; no value is read back), so it can be captured in a CUDA graph.
@@ -20,44 +21,51 @@ numbers computed with the same formulas but summed in another order (chunked pre
 sequential cumsum in the reference; GPU vs CPU exp). Ids can differ only when u * total falls within
 a few float64 ulps of a cumulative boundary, or a top-p prefix mass within a few ulps of top_p:
 probability ~1e-12 per draw for random logits. Tests use such inputs and require identical tokens.
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import triton
 import triton.language as tl
-
-from inkling_ref.sampling import SamplingParams
 
 from .common import PROB_DTYPES, check_kernel_device, check_tensor, need, out_tensor
 
 BLOCK_V = 1024
 
 
-def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int | None = None,
+                   top_p: float | None = None) -> torch.Tensor:
     """logits: [..., V] (any float dtype, any device) -> float64 probabilities [..., V] after
-    temperature, top-k and top-p (the rules of inkling_ref.sampling.probs). Temperature must be > 0:
-    greedy needs no probabilities (use lm_head_argmax and greedy_accept)."""
-    if not isinstance(params, SamplingParams):
-        raise ValueError(f"params must be an inkling_ref.sampling.SamplingParams, got {type(params).__name__}")
-    if params.greedy:
-        raise ValueError("params.temperature is 0 (greedy): use lm_head_argmax / greedy_accept, not probabilities")
+    temperature, top-k and top-p (the rules of the reference's `probs`). temperature must be > 0:
+    greedy needs no probabilities (use lm_head_argmax and greedy_accept); top_k None or >= 1, top_p
+    None or in (0, 1]."""
+    need(isinstance(temperature, numbers.Real) and not isinstance(temperature, bool) and temperature > 0,
+         f"temperature must be a number > 0 (greedy needs no probabilities: use lm_head_argmax / "
+         f"greedy_accept), got {temperature!r}")
+    need(top_k is None or (isinstance(top_k, numbers.Integral) and not isinstance(top_k, bool) and top_k >= 1),
+         f"top_k must be None or an integer >= 1, got {top_k!r}")
+    need(top_p is None or (isinstance(top_p, numbers.Real) and not isinstance(top_p, bool) and 0 < top_p <= 1),
+         f"top_p must be None or a number in (0, 1], got {top_p!r}")
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1:
         raise ValueError("logits must be a float tensor [..., V]")
     V = logits.shape[-1]
-    p = torch.softmax(logits.to(torch.float64) / params.temperature, dim=-1)
-    if params.top_k is None and params.top_p is None:
+    p = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
+    if top_k is None and top_p is None:
         return p
     order = torch.sort(p, dim=-1, descending=True, stable=True).indices   # equal p: lower id first
     sorted_p = p.gather(-1, order)
-    if params.top_k is not None and params.top_k < V:
+    if top_k is not None and top_k < V:
         sorted_p = sorted_p.clone()
-        sorted_p[..., params.top_k:] = 0.0
+        sorted_p[..., top_k:] = 0.0
     sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
-    if params.top_p is not None:
+    if top_p is not None:
         before = sorted_p.cumsum(-1) - sorted_p                  # mass of the more likely ids
-        sorted_p = torch.where(before < params.top_p, sorted_p, 0.0)  # the first id is always kept
+        sorted_p = torch.where(before < top_p, sorted_p, 0.0)  # the first id is always kept
     filtered = torch.zeros_like(p).scatter(-1, order, sorted_p)
     return filtered / filtered.sum(-1, keepdim=True)
 
@@ -75,7 +83,7 @@ def _residual(p_row, q_row, offs, ok, MODE, d):
 @triton.jit
 def _inverse_cdf(p_row, q_row, MODE, d, u, V, BLOCK: tl.constexpr):
     """The smallest id whose running sum of the residual exceeds u * total (float64), as
-    inkling_ref.sampling.sample: clamped to V - 1, then down to the nearest id of positive mass.
+    inkling_ref.decoding.sampling.sample: clamped to V - 1, then down to the nearest id of positive mass.
     If the residual of MODE 1/2 has no mass at all, samples from p (MODE 0), as rejection_sample does.
     Returns (id int64, the MODE used)."""
     base = tl.arange(0, BLOCK).to(tl.int64)

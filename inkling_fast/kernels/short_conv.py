@@ -27,6 +27,8 @@ rows) these rows are all distinct, and the kernel writes the ring as it goes (on
 Otherwise (prefill chunks) every output is computed first, then `commit_rows` writes each
 sequence's last R inputs (a second launch on the same stream). Both are graph-capturable; T and R
 are shapes, so the choice never needs the device.
+
+Copy with it: commit_rows.py, common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

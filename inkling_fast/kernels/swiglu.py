@@ -9,6 +9,8 @@ scale may be applied before it (here, for free) instead of after it.
 For contiguous tensors element i of y reads elements 2i and 2i + 1 of gu, so the kernel is a flat
 1-D loop over y; each program loads one contiguous span of 2 * BLOCK elements of gu (wide vector
 loads) and splits it into its even (g) and odd (u) elements in registers.
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ k for the acceptance tests and one for the correction/bonus, the order inkling_r
 (its uniforms come from torch.Generator on the host instead: the two streams differ, the uses agree).
 No host sync: the counters live on the device, so a captured CUDA graph draws fresh uniforms on
 every replay.
+
+Copy with it: common.py (kernels/; nothing else beyond torch and triton).
 """
 
 from __future__ import annotations

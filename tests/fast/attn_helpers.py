@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from inkling_ref import InklingConfig, LayerCache
-from inkling_ref.attention import Attention
-from inkling_ref.config import GLOBAL, SLIDING
-from inkling_ref.random_init import randomize_
+from inkling_ref.model.attention import Attention
+from inkling_ref.io.config import GLOBAL, SLIDING
+from inkling_ref.model.random_init import randomize_
 
 # The small (CI) tests run through the interpreter on CPU and compiled on a GPU machine.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

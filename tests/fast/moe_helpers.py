@@ -17,15 +17,15 @@ from helpers import TOL, poison, randn, run_without_sync_then_capture
 
 from configs import tiny_config
 from inkling_fast.kernels.moe_router import moe_route, moe_route_torch
-from inkling_ref.moe import MoE
-from inkling_ref.random_init import randomize_
+from inkling_ref.model.moe import MoE
+from inkling_ref.model.random_init import randomize_
 from inkling_ref.testing import rel_l2
 
 SMALL = dict(H=64, F=32, R=16, K=3, S=2)          # CPU sizes (the interpreter is slow)
 
 
 def reference_moe(H, F, R, K, S, seed, dtype=torch.float32, route_scale=2.5) -> MoE:
-    """A randomized inkling_ref.moe.MoE of these widths, in eval mode."""
+    """A randomized inkling_ref.model.moe.MoE of these widths, in eval mode."""
     cfg = tiny_config(hidden_size=H, moe_intermediate_size=F, n_routed_experts=R, num_experts_per_tok=K,
                       n_shared_experts=S, route_scale=route_scale)
     return randomize_(MoE(cfg), seed).to(dtype).eval()

@@ -1,4 +1,4 @@
-"""Greedy accept / correct / bonus on the device: twin vs inkling_ref.speculative.accept_greedy, kernel
+"""Greedy accept / correct / bonus on the device: twin vs inkling_ref.decoding.speculative.accept_greedy, kernel
 vs twin (ragged k_eff, K = 0, every prefix length), errors, and on a GPU the whole greedy verify step
 (lm_head_argmax + greedy_accept) run under sync-debug "error" and replayed from a CUDA graph."""
 
@@ -8,7 +8,7 @@ from helpers import device, poison, randint, run_without_sync_then_capture  # no
 
 from inkling_fast.kernels.accept import greedy_accept, greedy_accept_torch
 from inkling_fast.kernels.lm_head_argmax import lm_head_argmax
-from inkling_ref.speculative import accept_greedy
+from inkling_ref.decoding.speculative import accept_greedy
 
 
 def make_case(B: int, K: int, V: int, gen: torch.Generator):

@@ -9,8 +9,8 @@ from einops import rearrange
 from attn_helpers import REAL, Spec, build_case
 from helpers import TOL
 from inkling_fast.kernels.attention_prep import attention_prep, attention_prep_torch
-from inkling_ref.attention import log_tau
-from inkling_ref.norm import rms_norm
+from inkling_ref.model.attention import log_tau
+from inkling_ref.model.norm import rms_norm
 from inkling_ref.testing import bits_equal, rel_l2
 
 # CPU specs: GQA 3 with an odd head count, GQA 4 with log-tau from position 7, odd head_dim + conv K=3

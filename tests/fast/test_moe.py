@@ -1,4 +1,4 @@
-"""The small-batch MoE: twin vs inkling_ref.moe.MoE, router kernel vs twin (ties, forced routing), expert
+"""The small-batch MoE: twin vs inkling_ref.model.moe.MoE, router kernel vs twin (ties, forced routing), expert
 kernels vs twin for random routings, collisions, no shared experts and odd widths, the whole layer vs the
 reference, mutants of the kernels that the tests must catch, and on a GPU the real widths (256 experts,
 top-6, 2 shared) and a run without host sync, replayed from a CUDA graph."""
@@ -99,7 +99,7 @@ def test_experts_odd_widths_and_no_shared(device, H, F, S):
 # ----------------------------------------------------------------------------- the whole layer
 @pytest.mark.parametrize("N", [1, 3, 17])
 def test_moe_kernel_matches_reference(device, N):
-    """Router and experts together, against inkling_ref.moe.MoE (float32)."""
+    """Router and experts together, against inkling_ref.model.moe.MoE (float32)."""
     m = reference_moe(**SMALL, seed=30 + N)
     g = torch.Generator().manual_seed(31 + N)
     x = randn(N, SMALL["H"], gen=g)

@@ -1,4 +1,4 @@
-"""The many-token MoE (grouped GEMM over pairs sorted by expert): its twin against inkling_ref.moe.MoE and
+"""The many-token MoE (grouped GEMM over pairs sorted by expert): its twin against inkling_ref.model.moe.MoE and
 moe_torch, the kernels against the twin for odd token counts, tile sizes and widths, routing extremes (every
 token on one expert, most experts empty, the last expert id alone), the whole layer against the reference
 and against the few-token `moe`, the dispatch in forward.mlp_forward, errors, and on a GPU the Inkling-Small
@@ -102,7 +102,7 @@ def test_block_m_follows_tokens_per_expert():
 
 # ----------------------------------------------------------------------------- the whole layer
 def test_moe_grouped_matches_reference(device):
-    """Router and experts together, against inkling_ref.moe.MoE (float32), at 300 tokens: past `moe`'s limit
+    """Router and experts together, against inkling_ref.model.moe.MoE (float32), at 300 tokens: past `moe`'s limit
     (the two paths on the same tokens: test_mlp_forward_takes_either_path)."""
     N = 300
     m = reference_moe(**SMALL, seed=30)

@@ -1,6 +1,6 @@
 """Sampling on the device with explicit uniforms: the filters (sampling_probs) against
-inkling_ref.sampling.probs, the inverse-CDF kernel against inkling_ref.sampling.sample, the rejection
-kernel against inkling_ref.sampling.rejection_sample (same uniforms in, same tokens out), the Philox
+inkling_ref.decoding.sampling.probs, the inverse-CDF kernel against inkling_ref.decoding.sampling.sample, the rejection
+kernel against inkling_ref.decoding.sampling.rejection_sample (same uniforms in, same tokens out), the Philox
 uniforms against published test vectors, and on a GPU the whole sampled accept step (uniforms, filters,
 draft sampling, rejection) at the real vocabulary, under sync-debug "error" and replayed from a graph."""
 
@@ -11,15 +11,15 @@ from helpers import device, poison, run_without_sync_then_capture  # noqa: F401 
 from inkling_fast.kernels.rejection import rejection_sample, rejection_sample_torch
 from inkling_fast.kernels.sampling import sample_tokens, sample_tokens_torch, sampling_probs
 from inkling_fast.kernels.uniforms import philox4x32_torch, philox_uniforms, philox_uniforms_torch
-from inkling_ref.sampling import SamplingParams, probs, sample
-from inkling_ref.sampling import rejection_sample as ref_rejection_sample
+from inkling_ref.decoding.sampling import SamplingParams, probs, sample
+from inkling_ref.decoding.sampling import rejection_sample as ref_rejection_sample
 
 PARAMS = [SamplingParams(1.0), SamplingParams(0.7, top_k=20), SamplingParams(1.3, top_p=0.8),
           SamplingParams(0.9, top_k=40, top_p=0.6), SamplingParams(2.0, top_k=1), SamplingParams(0.5, top_p=1.0)]
 
 
 def ref_rows(p: torch.Tensor, q, drafts, u_acc, u_fin, k_eff):
-    """inkling_ref.sampling.rejection_sample one sequence at a time (greedy drafting: one-hot q)."""
+    """inkling_ref.decoding.sampling.rejection_sample one sequence at a time (greedy drafting: one-hot q)."""
     out = []
     for b in range(p.shape[0]):
         ke = int(k_eff[b])
@@ -36,19 +36,19 @@ def test_sampling_probs_match_reference(params):
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(3, 5, 300, generator=g) * 2
     logits[0, 0, 10:20] = logits[0, 0].max()              # ties at the top (top-k keeps the lower ids)
-    got, want = sampling_probs(logits, params), probs(logits, params)
+    got, want = sampling_probs(logits, params.temperature, params.top_k, params.top_p), probs(logits, params)
     assert got.dtype == torch.float64
     assert torch.equal(got > 0, want > 0)                  # the same ids survive the filters
     assert (got - want).abs().max() <= 1e-15
     with pytest.raises(ValueError, match="greedy"):
-        sampling_probs(logits, SamplingParams(0.0))
+        sampling_probs(logits, 0.0)
 
 
 # ----------------------------------------------------------------------------- inverse CDF
 def test_sample_tokens_match_reference(device):
     g = torch.Generator().manual_seed(2)
     V = 1500                                               # > one 1024-wide block of the scan
-    p = sampling_probs(torch.randn(9, V, generator=g) * 3, SamplingParams(0.8, top_k=300))
+    p = sampling_probs(torch.randn(9, V, generator=g) * 3, 0.8, top_k=300)
     u = torch.rand(9, generator=g, dtype=torch.float64)
     u[0], u[1] = 0.0, 1.0 - 2.0**-53                       # the ends of [0, 1)
     p[2, 1000:] = 0                                        # a zero tail, then u at the top: the guard
@@ -78,8 +78,8 @@ def make_batch(B, K, V, params, gen, greedy_drafts, noise=0.5):
     spike = torch.randint(0, V, (B, K + 1, 1), generator=gen)          # one likely id per row
     target_logits.scatter_add_(2, spike, torch.full((B, K + 1, 1), 6.0))
     draft_logits = target_logits[:, :K] + noise * torch.randn(B, K, V, generator=gen)
-    p = sampling_probs(target_logits, params)
-    q = None if greedy_drafts else sampling_probs(draft_logits, params)
+    p = sampling_probs(target_logits, params.temperature, params.top_k, params.top_p)
+    q = None if greedy_drafts else sampling_probs(draft_logits, params.temperature, params.top_k, params.top_p)
     u = torch.rand(B, 2 * K + 1, generator=gen, dtype=torch.float64)   # [draft k | accept k | final]
     if greedy_drafts:
         drafts = draft_logits.argmax(-1)
@@ -233,12 +233,12 @@ def test_sampled_accept_step_without_host_sync(greedy_drafts):
 
     def step():
         philox_uniforms(seeds, counters, 2 * K + 1, out=u)
-        p = sampling_probs(t_logits, params)
+        p = sampling_probs(t_logits, params.temperature, params.top_k, params.top_p)
         if greedy_drafts:
             q = None
             drafts.view(B, K).copy_(d_logits.argmax(-1))
         else:
-            q = sampling_probs(d_logits, params)
+            q = sampling_probs(d_logits, params.temperature, params.top_k, params.top_p)
             sample_tokens(q.view(B * K, V), u[:, :K].reshape(B * K), out=drafts)
         rejection_sample(p, q, drafts.view(B, K), u[:, K: 2 * K], u[:, 2 * K], k_eff, out=out)
 

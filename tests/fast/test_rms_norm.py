@@ -5,7 +5,7 @@ import torch
 from helpers import DTYPES, TOL, assert_rounded_equal, device, norm_weight, poison, randn  # noqa: F401 (fixture)
 
 from inkling_fast.kernels.rms_norm import add_rms_norm, add_rms_norm_torch, rms_norm, rms_norm_torch
-from inkling_ref.norm import rms_norm as ref_rms_norm
+from inkling_ref.model.norm import rms_norm as ref_rms_norm
 from inkling_ref.testing import rel_l2
 
 EPS = 1e-6

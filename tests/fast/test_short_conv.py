@@ -2,7 +2,7 @@
 
 A schedule of calls like the MTP cycle's (chunked prefill, decode steps, verify windows with
 rollback, padded rows, batch rows reordered between calls) runs against a flat history (every
-input ever written, by sequence and position) and `inkling_ref.conv.ShortConv` over it:
+input ever written, by sequence and position) and `inkling_ref.model.conv.ShortConv` over it:
   * the twin, with a ring large enough to be flat (no wrap), against the reference;
   * the kernel, with the smallest legal ring (R = K + k: wrap-around, and the two-launch path
     for chunks with T + K - 1 > R), against the reference and, bit for bit on the ring, the twin.
@@ -18,7 +18,7 @@ from helpers import DTYPES, TOL, device, poison, randn  # noqa: F401 (fixture)
 
 import inkling_fast.kernels.short_conv as module
 from inkling_fast.kernels.short_conv import short_conv, short_conv_torch
-from inkling_ref.conv import ShortConv
+from inkling_ref.model.conv import ShortConv
 from inkling_ref.testing import bits_equal, rel_l2
 
 C = 37                  # odd channel count

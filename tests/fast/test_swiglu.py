@@ -5,7 +5,7 @@ import torch
 from helpers import DTYPES, TOL, device, poison, randn  # noqa: F401 (fixture)
 
 from inkling_fast.kernels.swiglu import swiglu, swiglu_torch
-from inkling_ref.mlp import DenseMLP, swiglu_interleaved
+from inkling_ref.model.mlp import DenseMLP, swiglu_interleaved
 from inkling_ref.testing import rel_l2
 
 
