@@ -60,7 +60,6 @@ ROOT = HERE.parent
 SRC = os.environ.get("INKLING_SRC")     # set by --baseline-src for its subprocess: the tree to import from
 sys.path[:0] = [str(HERE)] + ([SRC] if SRC else []) + [str(ROOT)]
 
-import inspect  # noqa: E402
 import random  # noqa: E402
 import subprocess  # noqa: E402
 
@@ -69,10 +68,9 @@ import true_scale  # noqa: E402
 from inkling_fast import Engine  # noqa: E402
 from inkling_fast import cost_model, forward  # noqa: E402
 from inkling_fast.caches import LayerCache  # noqa: E402
-from inkling_fast.engine import DecodeMode  # noqa: E402
 from inkling_ref import generate, load_checkpoint  # noqa: E402
-from inkling_ref.cli import DEFAULT_CHECKPOINT  # noqa: E402
 
+DEFAULT_CHECKPOINT = ROOT / "inkling_ref" / "default_checkpoint"   # this tree's demo, also under --baseline-src
 OUT_JSON = ROOT / "docs" / "benchmarks" / "engine.json"
 DEV = "cuda" if torch.cuda.is_available() and not DRY else "cpu"
 BF16 = torch.bfloat16
@@ -177,8 +175,8 @@ def hf_from_reference(model, dtype, device):
     """transformers' InklingForCausalLM holding the demo trunk's weights (the MTP head is not part of it)."""
     from transformers import InklingForCausalLM, InklingTextConfig
 
-    from inkling_ref import transformers_layout
-    from inkling_ref.names import to_released
+    from inkling_ref.io import transformers_layout
+    from inkling_ref.io.names import to_released
 
     hc = InklingTextConfig(**model.config.to_transformers_dict())
     hf = InklingForCausalLM(hc).eval()
@@ -191,6 +189,7 @@ def hf_from_reference(model, dtype, device):
 
 
 def run_demo(res: dict) -> None:
+    from inkling_fast.step_io import Decoding   # this tree's engine parts (not under --baseline-src)
     g = GRID
     N, L = g["new_tokens"], g["prompt_len"]
     model = load_checkpoint(DEFAULT_CHECKPOINT)                      # float32, CPU: the engines copy it
@@ -231,23 +230,22 @@ def run_demo(res: dict) -> None:
                 plain[B] = r.token_ids
 
     log("cycle split")
-    mode = DecodeMode()
     for B in sizes:
         for k in g["split_ks"]:
-            slots = list(range(B))
-            eng.prefill_batch(slots, prompts[:B], k, [L + N] * B, mode)
+            slots, dec = list(range(B)), Decoding(k)
+            eng.prefill_batch(slots, prompts[:B], dec, [L + N] * B)
             batch = eng.make_batch(slots, k)
             st = eng.state
             n0 = st.n.clone()
             if k > 0:
-                gd, (drafts, q) = capture(lambda: eng.draft(batch, k, mode))
+                gd, (drafts, q) = capture(lambda: eng.steps.draft(batch, dec))
             else:                                                        # plain decoding: no draft chain
-                gd, (drafts, q) = None, eng.draft(batch, k, mode)
-            gv, (hidden, k_eff) = capture(lambda: eng.verify(batch, k))
-            ga, _ = capture(lambda: eng.accept(batch, k, mode, drafts, q, hidden, k_eff))
+                gd, (drafts, q) = None, eng.steps.draft(batch, dec)
+            gv, (hidden, k_eff) = capture(lambda: eng.steps.verify(batch, dec))
+            ga, _ = capture(lambda: eng.steps.accept(batch, dec, drafts, q, hidden, k_eff))
 
             def whole():
-                out = eng.cycle(batch, k, mode)
+                out = eng.steps.cycle(batch, dec)
                 st.n.copy_(n0)                       # roll the length back: every replay is the same cycle
                 return out
 
@@ -335,11 +333,6 @@ def prefill_seconds(eng) -> float:
     return max(t.ready_s for t in eng.timings if t.kind == "prefill") - eng.started_s
 
 
-def new_api(Engine_) -> bool:
-    """This tree's engine (batched prefill, two loops), or an older one (`--baseline-src`)."""
-    return "prefill_tokens" in inspect.signature(Engine_).parameters
-
-
 def serving_workload(n: int, max_len: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
     """n requests: output length uniform in serve_out; prompt length uniform in serve_prompt, capped so
     that every prompt fits the model's maximum length with the longest output (max_len - the top of
@@ -360,58 +353,6 @@ def serving_workload(n: int, max_len: int, seed: int = 0) -> tuple[list[list[int
         prompts.append(src[start: start + length])
         outs.append(out)
     return prompts, outs
-
-
-class _OldEngineProbe:
-    """Timestamps an older engine (no Engine.timings / request_times, one max_new_tokens per call) from
-    its own methods: `run_cycle` (start and size of each cycle), `_start` (a sequence's x_L) and
-    `_record` (each booked cycle); per-request limits are applied by finishing a sequence on the host at
-    its own limit (its output is padded to the call's limit, which ends it, and trimmed afterwards)."""
-
-    def __init__(self, eng, limits: list[int] | None = None):
-        self.eng, self.limits = eng, limits
-        self.cycles, self.first, self.done = [], {}, {}
-        run_cycle, start, record = eng.run_cycle, eng._start, eng._record
-        top = max(limits) if limits else None
-
-        def timed_cycle(slots, *a, **kw):
-            t0 = time.perf_counter()
-            out = run_cycle(slots, *a, **kw)
-            self.cycles.append((t0, len(slots), sum(row[0] + 1 for row in out)))
-            return out
-
-        def timed_start(i, *a, **kw):
-            seq = start(i, *a, **kw)
-            self.first[i] = time.perf_counter()
-            self._limit(seq, top)
-            return seq
-
-        def timed_record(seq, *a, **kw):
-            record(seq, *a, **kw)
-            self._limit(seq, top)
-
-        eng.run_cycle, eng._start, eng._record = timed_cycle, timed_start, timed_record
-
-    def _limit(self, seq, top) -> None:
-        if self.limits and len(seq.out) >= self.limits[seq.index]:
-            seq.out += [0] * (top - len(seq.out))
-        if self.limits is None or len(seq.out) >= top:
-            self.done[seq.index] = time.perf_counter()
-
-    def close(self) -> None:
-        for name in ("run_cycle", "_start", "_record"):
-            delattr(self.eng, name)
-
-    def steady(self, B: int) -> dict | None:
-        runs, best, run = self.cycles, [], []
-        for c in runs:
-            run = run + [c] if c[1] == B else []
-            if len(run) > len(best):
-                best = run
-        if len(best) < 2:
-            return None
-        return dict(seconds=best[-1][0] - best[0][0], cycles=len(best) - 1, tokens=sum(c[2] for c in best[:-1]),
-                    host_ms=None)
 
 
 def run_requests(res: dict) -> None:
@@ -467,16 +408,15 @@ def requests_workloads() -> dict:
     prompts = demo_prompts(max(g["req_batches"]), L)
     kmax = max(g["req_ks"] + g["serve_ks"])
     sizes = list(g["req_batches"])
-    fresh = new_api(Engine)
-    loops = ("overlap", "sync") if fresh else ("baseline",)
+    loops = ("overlap", "sync")
+    internals = hasattr(Engine, "request")       # this tree's engine parts; a --baseline-src tree may predate them
     graphs = DEV == "cuda"
 
     def engine(**kw):
         return Engine(model, num_speculative_tokens=kmax, dtype=BF16, **{"use_cuda_graphs": graphs, **kw})
 
     def call(eng, batch, limit, k, loop):
-        kw = dict(overlap=loop == "overlap") if fresh else {}
-        return eng.generate(batch, max_new_tokens=limit, num_speculative_tokens=k, **kw)
+        return eng.generate(batch, max_new_tokens=limit, num_speculative_tokens=k, overlap=loop == "overlap")
 
     fixed, split, steady_rows = [], [], []
     eng = engine(max_batch_size=max(sizes), max_seq_len=L + N + 1, batch_sizes=sizes)
@@ -489,11 +429,8 @@ def requests_workloads() -> dict:
                 call(eng, prompts[:B], 1, k, loop)
                 whole, pre, best = [], [], None
                 for _ in range(g["req_repeats"]):
-                    probe = None if fresh else _OldEngineProbe(eng)
                     r = call(eng, prompts[:B], N, k, loop)
-                    steady = steady_cycles(eng.timings, B) if fresh else probe.steady(B)
-                    if probe:
-                        probe.close()
+                    steady = steady_cycles(eng.timings, B)
                     whole.append(r.elapsed_s)
                     if r.elapsed_s == min(whole):
                         best = (r, steady)
@@ -512,7 +449,7 @@ def requests_workloads() -> dict:
                     f" + decode {row['decode_ms']:8.2f}" + (f"   steady {row['steady_ms_per_cycle']:.3f} ms/cycle"
                                                             if steady else ""))
                 fixed.append(row)
-            if fresh and graphs:
+            if internals and graphs:
                 dev_ms = device_cycle_ms(eng, prompts[:B], k, L + N)
                 rows = {r["loop"]: r for r in fixed if r["batch"] == B and r["k"] == k}
                 steady_rows.append(dict(batch=B, k=k, device_ms=dev_ms, **{
@@ -522,7 +459,7 @@ def requests_workloads() -> dict:
                 log(f"  B={B:<3} k={k}  device cycle {dev_ms:.3f} ms; prefill passes {split[-1]['passes']}: device "
                     f"{split[-1]['device_ms']:.3f} ms")
     del eng
-    if fresh:
+    if internals:
         for B, k in g["req_eager"]:
             eager = engine(max_batch_size=max(sizes), max_seq_len=L + N + 1, batch_sizes=sizes, use_cuda_graphs=False)
             call(eager, prompts[:B], 1, k, "overlap")
@@ -543,15 +480,9 @@ def requests_workloads() -> dict:
         for loop in loops:
             runs = []
             for _ in range(g["serve_repeats"] + 1):                     # the first run captures the graphs
-                probe = None if fresh else _OldEngineProbe(eng, outs)
                 start = time.perf_counter()
-                r = call(eng, reqs, outs if fresh else max(outs), k, loop)
-                if probe:
-                    probe.close()
-                    times = [(probe.first[i], probe.done[i]) for i in range(len(reqs))]
-                    tokens = [t[: n] for t, n in zip(r.token_ids, outs)]
-                else:
-                    times, tokens = eng.request_times, r.token_ids
+                r = call(eng, reqs, outs, k, loop)
+                times, tokens = eng.request_times, r.token_ids
                 assert [len(t) for t in tokens] == outs, "every request must get exactly its output length"
                 tpot = [(d - f) / (n - 1) for (f, d), n in zip(times, outs) if n > 1]
                 ttft = [f - start for f, _ in times]
@@ -575,14 +506,15 @@ def requests_workloads() -> dict:
 def device_cycle_ms(eng, prompts: list[list[int]], k: int, stop: int) -> float:
     """The captured cycle of len(prompts) sequences right after their prefill, replayed with the length
     rolled back after each replay (every replay is the same cycle): ms per cycle on the device."""
-    B, mode, st = len(prompts), DecodeMode(), eng.state
+    from inkling_fast.step_io import Decoding
+    B, dec, st = len(prompts), Decoding(k), eng.state
     slots = list(range(B))
-    eng.prefill_batch(slots, prompts, k, [stop] * B, mode)
+    eng.prefill_batch(slots, prompts, dec, [stop] * B)
     batch = eng.make_batch(slots, k)
     n0 = st.n.clone()
 
     def whole():
-        out = eng.cycle(batch, k, mode)
+        out = eng.steps.cycle(batch, dec)
         st.n.copy_(n0)
         return out
 
@@ -596,9 +528,10 @@ def prefill_split(eng, prompts: list[list[int]], k: int) -> dict:
     """The prefill of `prompts` (generate with max_new_tokens=1, as in the fixed workload): its passes
     (shape B x T), each pass's captured graph replayed alone (device time: it rewrites the same rows),
     against the wall time."""
+    from inkling_fast.step_io import Decoding, PrefillKey
     r = eng.generate(prompts, max_new_tokens=1, num_speculative_tokens=k)
     shapes = [t.shape for t in eng.timings if t.kind == "prefill"]
-    device = sum(replay_ms(eng.graphs[("prefill", B, T, k, DecodeMode())].graph) for B, T in shapes)
+    device = sum(replay_ms(eng.graphs[PrefillKey(B, T, Decoding(k))].graph) for B, T in shapes)
     return dict(batch=len(prompts), k=k, passes=[list(s) for s in shapes], device_ms=device, wall_ms=1e3 * r.elapsed_s)
 
 
@@ -614,6 +547,7 @@ def head_config():
 
 
 def run_head(res: dict) -> None:
+    from inkling_fast.step_io import Decoding   # this tree's engine parts (not under --baseline-src)
     g, cfg = GRID, head_config()
     ctx, K8 = g["context"], cfg.num_mtp_depths
     W = true_scale.random_head(cfg, K8, device=DEV)
@@ -653,7 +587,7 @@ def run_head(res: dict) -> None:
             log(f"  B={B:<3} rows={T}  {ms:.3f} ms  floor {floor:.3f} ms  ({ms / floor:.2f}x)")
 
     chain = []
-    mode = DecodeMode()
+    dec8 = Decoding(K8)
     log(f"{K8}-depth draft chain, one CUDA graph")
     for B in g["chain_batches"]:
         slots = list(range(B))
@@ -661,12 +595,12 @@ def run_head(res: dict) -> None:
         s = batch.slot.long()
         for a in g["chain_as"]:
             st.n[s] = ctx
-            eng.draft(batch, K8, mode)                                   # one cycle's drafts, then a forced acceptance
-            eng.commit(batch, torch.full((B,), a, device=DEV), torch.zeros(B, dtype=torch.int64, device=DEV))
-            graph, _ = capture(lambda: eng.draft(batch, K8, mode))
+            eng.steps.draft(batch, dec8)                                 # one cycle's drafts, then a forced acceptance
+            eng.steps.commit(batch, torch.full((B,), a, device=DEV), torch.zeros(B, dtype=torch.int64, device=DEV))
+            graph, _ = capture(lambda: eng.steps.draft(batch, dec8))
             gms = replay_ms(graph)
             busy = busy_fraction(graph)
-            ems = eager_ms(lambda: eng.draft(batch, K8, mode))
+            ems = eager_ms(lambda: eng.steps.draft(batch, dec8))
             floor_b = sum(depth_floor(m, B, K8 + 1) for m in range(K8))
             floor = floor_b / (res["copy_gbps"] * 1e9) * 1e3
             step_sum = sum(r["ms"] for r in steps if r["batch"] == B and r["rows"] == K8 + 1) * K8

@@ -9,22 +9,22 @@ Each scenario runs in a fresh Python process with TRITON_CACHE_DIR pointing at a
 or at the folder a previous cold run filled (warm). Inside it, Triton's JIT compile step, the
 autotuner's benchmarking and the engine's graph capture are wrapped with timers, so the setup splits
 into: imports, checkpoint load, engine construction, then the first `generate` call (compilations,
-autotuning, captures, and the decoding itself) and a second identical call (steady state). A third
-scenario, `concurrent`, starts from another empty folder and calls `Engine.build_kernels` before the
-first `generate` (the concurrent build-only trace that `Engine.warmup` and the CLI use): its compile
-timers then measure submissions only, and `t_build` is the wall time of all the builds.
+autotuning, captures, and the decoding itself) and a second identical call (steady state).
 
 Workloads: `readme`, the README's command (prompt "def fibonacci(n):", batch 1, greedy, k = 4,
 64 new tokens, float32 as the CLI runs it, on the bundled checkpoint) and `batch8`, 8 prompts sampled at temperature 0.8
-with top-p 0.9, k = 4. The CLI's own wall time (`python -m inkling_ref.cli generate ...`, cold and warm,
-fast and ref engines) is measured too, each tree's command run from that tree (`python -m` puts the
-working directory first on the module path). Writes DIR/setup_cost[_LABEL].json and prints a table.
+with top-p 0.9, k = 4. The CLI's own wall time (`python -m inkling_mtp generate ...`, or
+`inkling_ref.cli` in a tree from before the command line had its own package) is measured too, each
+tree's command run from that tree (`python -m` puts the working directory first on the module path):
+the fast engine with an empty Triton cache, then twice with the cache it filled, then with that cache
+and a new prompt (another length: other prefill shapes), and the reference twice. Writes
+DIR/setup_cost[_LABEL].json and prints a table.
 
 `--cli-phases` times instead what `inkling-mtp generate` does for the README command with the fast
 engine, step by step in one fresh process (one CPU thread for torch, as the CLI sets): import torch,
-load the checkpoint, import Triton and inkling_fast, CUDA init, `Engine(...)`, `build_kernels`, the
-warm-up `generate` and the timed one; with an empty Triton cache, then twice with the cache it filled
-(the second warm process finds the build record the first left). Writes DIR/cli_phases[_LABEL].json.
+load the checkpoint, import Triton and inkling_fast, CUDA init, `Engine(...)`, the warm-up `generate`
+and the timed one; with an empty Triton cache, then twice with the cache it filled. Writes
+DIR/cli_phases[_LABEL].json.
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CHECKPOINT = ROOT / "inkling_ref" / "default_checkpoint"
 PROMPT = "def fibonacci(n):"
+NEW_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments, then"   # another length
 
 
 # ============================================================================ child: one scenario
-def child(workload: str, concurrent: bool, threads: int | None) -> dict:
+def child(workload: str) -> dict:
     t0 = time.perf_counter()
     import torch
     import triton
@@ -112,11 +113,6 @@ def child(workload: str, concurrent: bool, threads: int | None) -> dict:
     torch.cuda.synchronize()
     t_engine = time.perf_counter() - s
     setup_compiles = {n: list(v) for n, v in compiles.items()}
-    t_build = None
-    if concurrent:
-        s = time.perf_counter()
-        engine.build_kernels(prompts, threads=threads, **kw)
-        t_build = time.perf_counter() - s
 
     def gen():
         s = time.perf_counter()
@@ -131,7 +127,7 @@ def child(workload: str, concurrent: bool, threads: int | None) -> dict:
     return dict(workload=workload, triton=triton.__version__, torch=torch.__version__,
                 gpu=torch.cuda.get_device_name(), t_import=t_import, t_load=t_load, t_engine=t_engine,
                 t_first_generate=t_first, t_second_generate=t_second, t_third_generate=t_third,
-                t_build=t_build, tokens=tokens, first_elapsed_s=r1.elapsed_s, second_elapsed_s=r2.elapsed_s,
+                tokens=tokens, first_elapsed_s=r1.elapsed_s, second_elapsed_s=r2.elapsed_s,
                 compiles={n: dict(count=len(v), seconds=sum(v)) for n, v in compiles.items()},
                 compiles_at_construction={n: len(v) for n, v in setup_compiles.items()},
                 autotunes={n: dict(count=len(v), seconds=sum(v)) for n, v in autotunes.items()},
@@ -172,9 +168,6 @@ def cli_phases() -> dict:
     mark("engine", s)
     with count_kernel_builds() as built:
         s = time.perf_counter()
-        engine.build_kernels(prompt, **kw)
-        mark("build_kernels", s)
-        s = time.perf_counter()
         engine.generate(prompt, **kw)
         torch.cuda.synchronize()
         mark("warmup_generate", s)
@@ -189,20 +182,20 @@ def cli_phases() -> dict:
 
 
 # ============================================================================ parent
-def run_child(src: Path, workload: str, cache: Path, concurrent: bool = False, threads: int | None = None) -> dict:
+def run_child(src: Path, workload: str, cache: Path) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=f"{src}{os.pathsep}{ROOT}")
-    cmd = [sys.executable, __file__, "--child", workload] + (["--concurrent"] if concurrent else []) + \
-        ([f"--build-threads={threads}"] if threads else [])
+    cmd = [sys.executable, __file__, "--child", workload]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"scenario {workload} failed:\n{p.stderr[-4000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def time_cli(src: Path, engine: str, cache: Path) -> dict:
+def time_cli(src: Path, engine: str, cache: Path, prompt: str = PROMPT) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=f"{src}{os.pathsep}{ROOT}")
-    cmd = [sys.executable, "-m", "inkling_ref.cli", "generate", "--checkpoint", str(DEFAULT_CHECKPOINT),
-           "--prompt", PROMPT, "--k", "4",
+    module = "inkling_mtp" if (src / "inkling_mtp").is_dir() else "inkling_ref.cli"
+    cmd = [sys.executable, "-m", module, "generate", "--checkpoint", str(DEFAULT_CHECKPOINT),
+           "--prompt", prompt, "--k", "4",
            "--max-new-tokens", "64", "--engine", engine]
     s = time.perf_counter()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=src)
@@ -214,9 +207,6 @@ def time_cli(src: Path, engine: str, cache: Path) -> dict:
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", default=None)
-    ap.add_argument("--concurrent", action="store_true", help="child: Engine.build_kernels before generate")
-    ap.add_argument("--build-threads", type=int, default=None,
-                    help="threads of the concurrent scenario's builds (default: one per CPU core)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--src", default=str(ROOT), help="source tree whose inkling_ref / inkling_fast are measured")
     ap.add_argument("--label", default="")
@@ -228,7 +218,7 @@ def main(argv: list[str]) -> None:
         print(json.dumps(cli_phases()))
         return
     if args.child:
-        print(json.dumps(child(args.child, args.concurrent, args.build_threads)))
+        print(json.dumps(child(args.child)))
         return
     src, out = Path(args.src).resolve(), Path(args.out or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
@@ -246,22 +236,21 @@ def main(argv: list[str]) -> None:
     res = dict(src=str(src), scenarios=[], cli=[])
     for workload in [w for w in args.workloads.split(",") if w]:
         cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
-        for state in ("cold", "warm", "concurrent"):
-            if state == "concurrent":
-                cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
-            r = run_child(src, workload, cache, concurrent=state == "concurrent", threads=args.build_threads)
+        for state in ("cold", "warm"):
+            r = run_child(src, workload, cache)
             r["cache"] = state
             res["scenarios"].append(r)
-            build = "" if r["t_build"] is None else f"build_kernels {r['t_build']:.1f} s, "
-            print(f"{workload:7s} {state}: {build}import {r['t_import']:.1f} s, load {r['t_load']:.1f} s, engine "
+            print(f"{workload:7s} {state}: import {r['t_import']:.1f} s, load {r['t_load']:.1f} s, engine "
                   f"{r['t_engine']:.1f} s, first generate {r['t_first_generate']:.2f} s, second "
                   f"{r['t_second_generate']:.3f} s; compiles {sum(c['count'] for c in r['compiles'].values())} "
                   f"({sum(c['seconds'] for c in r['compiles'].values()):.1f} s), autotune "
                   f"{sum(c['seconds'] for c in r['autotunes'].values()):.1f} s, captures "
                   f"{len(r['captures'])} ({sum(c['seconds'] for c in r['captures']):.2f} s)", flush=True)
     cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
-    for engine, state in () if args.no_cli else (("fast", "cold"), ("fast", "warm"), ("ref", "warm")):
-        c = time_cli(src, engine, cache)
+    runs = (("fast", "cold", PROMPT), ("fast", "warm", PROMPT), ("fast", "warm", PROMPT),
+            ("fast", "warm, new prompt", NEW_PROMPT), ("ref", "warm", PROMPT), ("ref", "warm", PROMPT))
+    for engine, state, prompt in () if args.no_cli else runs:
+        c = time_cli(src, engine, cache, prompt)
         c["cache"] = state
         res["cli"].append(c)
         print(f"cli --engine {engine} ({state} cache): {c['wall_s']:.1f} s wall, rc {c['rc']}: "

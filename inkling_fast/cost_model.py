@@ -569,7 +569,7 @@ def layer_floor_bytes(kind: str, cfg, batch: int, T: int, context: int, dtype_by
 
 # ====================================================================== tree drafts
 
-# A tree cycle (inkling_ref/tree.py, docs/tree_drafts.md) verifies T = nodes + 1 tokens per sequence
+# A tree cycle (inkling_ref/tree/drafts.py, docs/tree_drafts.md) verifies T = nodes + 1 tokens per sequence
 # and runs, in depth m = 0..D-1, the committed window rows plus the tree rows that depth needs, then
 # reads the candidates of the nodes it expands from the LM head:
 #

@@ -1,23 +1,21 @@
-"""Engine steps captured as CUDA graphs: one per cycle shape (batch size, k, decode mode) and one per
-prefill-pass shape (batch size, chunk length T, k, decode mode).
+"""Running the engine's device steps: as CUDA graphs, captured once per step key, or eagerly.
 
-A step is a fixed sequence of kernel launches whose shapes depend only on its key; every
-data-dependent value (slots, lengths, positions, tokens) is either device state or in one static
-input tensor. So it is captured once and replayed:
+A step (device_steps.py) is a fixed sequence of kernel launches for its key (step_io.py), with one
+input tensor and one result tensor, so it is captured once and replayed:
 
     static input    cycle: int32 [B], the slot of each batch row (-1: padding row)
-                    prefill pass: int64 [B, 8 + T + k], the pass's rows (Engine.prefill_rows)
-    replay          every kernel of the step; the device state (caches, tokens, n, done) is updated in place
-    static output   cycle: int64 [B, k+7] (Engine.cycle); prefill pass: int64 [B, 2] (x_L, done)
+                    prefill pass: int64 [B, PASS_COLUMNS + T + k], the pass's rows
+    replay          every kernel of the step; the device state (caches, tokens, n, done) changes in place
+    static output   cycle: int64 [B, k+7]; prefill pass: int64 [B, 2]
 
-The host copies a step's input in (asynchronously, from pinned memory) before the replay and its output
-out (one asynchronous copy into pinned memory) right after it, on the same stream, so the next replay
-may overwrite the output at once.
+The host copies a step's input in (asynchronously, from pinned memory) before the replay and its
+result out (one asynchronous copy into pinned memory, with an event to wait on) right after it, on
+the same stream, so the next replay may overwrite the static output at once.
 
-Capture needs the kernels compiled and autotuned first (autotuning synchronizes): the step is run
-twice on a side stream with every row padding, which writes nothing but the scratch slot, so
-capturing is safe at any time, also while other sequences are running. All graphs of an engine
-share one memory pool: they run one after the other on one stream, never concurrently.
+Capture needs the kernels compiled first (compiling synchronizes): the step runs twice on a side
+stream on an all-padding input, which writes nothing but the scratch slot, so capturing is safe at
+any time, also while other sequences are running. All graphs of an engine share one memory pool:
+they run one after the other on one stream, never concurrently.
 """
 
 from __future__ import annotations
@@ -26,15 +24,18 @@ from typing import Callable
 
 import torch
 
+from .device_steps import DeviceSteps
+from .step_io import StepKey
+
 
 class StepGraph:
     def __init__(self, pool, step: Callable[[torch.Tensor], torch.Tensor], padding_input: torch.Tensor):
-        """step(input) -> output, run on the all-padding `padding_input` (kept as the static input)."""
+        """step(input) -> output, captured on the all-padding `padding_input` (kept as the static input)."""
         self.input = padding_input
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):                                  # compile + autotune, then a clean run
+            for _ in range(2):                                  # compile, then a clean run
                 step(self.input)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
@@ -52,3 +53,45 @@ class StepGraph:
         self.graph.replay()
         self.replays += 1
         return self.out
+
+
+class StepRunner:
+    """Launches the steps of `steps` from host inputs and starts copying their results back: a graph
+    per key (captured on first use) with `use_cuda_graphs`, else eagerly."""
+
+    def __init__(self, steps: DeviceSteps, device: torch.device, use_cuda_graphs: bool):
+        self.steps, self.device, self.use_cuda_graphs = steps, device, use_cuda_graphs
+        self.graphs: dict[StepKey, StepGraph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if use_cuda_graphs else None
+
+    def launch(self, key: StepKey, host_input: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """Run the step `key` on `host_input`; returns (its result on its way to the host, an event to
+        wait on before reading it: None on the CPU, where the result is ready)."""
+        if not self.use_cuda_graphs:
+            out = self.steps.run(key, self.upload(host_input))
+        else:
+            if key not in self.graphs:
+                self.graphs[key] = StepGraph(self.pool, lambda rows: self.steps.run(key, rows),
+                                             self.steps.padding_input(key, self.device))
+            out = self.graphs[key].run(host_input, self.upload)
+        return self.fetch(out)
+
+    def upload(self, host: torch.Tensor, dst: torch.Tensor | None = None) -> torch.Tensor:
+        """host -> device without a host sync (through pinned memory on CUDA), into `dst` when given."""
+        if self.device.type == "cuda":
+            host = host.pin_memory()                  # the caching host allocator keeps it until the copy ran
+            if dst is None:
+                return host.to(self.device, non_blocking=True)
+        elif dst is None:
+            return host
+        return dst.copy_(host, non_blocking=True)
+
+    def fetch(self, out: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """The one device -> host copy of a step: into pinned memory, asynchronously, with an event."""
+        if self.device.type != "cuda":
+            return out.clone(), None
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event

@@ -13,20 +13,25 @@ What changes from the reference's modules (nothing else does):
 
 The model itself is never modified: tensors are copied when the dtype or device differs (and the
 tap-major conv weights always), shared otherwise. Only the first `num_depths` MTP depths are taken.
+
+`load_weights` is the engine's intake: a checkpoint directory, an `InklingModel`, or `ModelWeights`
+already on the device.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from inkling_ref import InklingModel
-from inkling_ref.attention import Attention
-from inkling_ref.block import InklingBlock
-from inkling_ref.config import InklingConfig
-from inkling_ref.mlp import DenseMLP
-from inkling_ref.moe import MoE
+from inkling_ref import InklingModel, load_checkpoint
+from inkling_ref.model.attention import Attention
+from inkling_ref.model.block import InklingBlock
+from inkling_ref.io.config import InklingConfig
+from inkling_ref.model.mlp import DenseMLP
+from inkling_ref.model.moe import MoE
 
 
 @dataclass
@@ -113,6 +118,31 @@ class ModelWeights:
     @property
     def vocab_out(self) -> int:
         return self.config.vocab_out
+
+
+def load_weights(source, k: int, dtype: torch.dtype, device: torch.device) -> ModelWeights:
+    """The kernel-ready weights of the trunk and the first k MTP depths, in dtype on device, from a
+    released-layout checkpoint directory, an `InklingModel` (not modified), or `ModelWeights` already in
+    `dtype` on `device` (used as they are; e.g. random weights at a scale no host model would fit)."""
+    if isinstance(source, ModelWeights):
+        if k > len(source.depths):
+            raise ValueError(f"num_speculative_tokens={k} needs {k} MTP depths; the weights have {len(source.depths)}")
+        on = source.embed.device                                         # "cuda" means any index; "cuda:1" that one
+        if source.embed.dtype != dtype or on.type != device.type or device.index not in (None, on.index):
+            raise ValueError(f"the weights are {source.embed.dtype} on {source.embed.device}; the engine was asked "
+                             f"for {dtype} on {device}")
+        return dataclasses.replace(source, depths=source.depths[:k])
+    if isinstance(source, InklingModel):
+        model = source
+        if k > model.num_mtp_depths:
+            raise ValueError(f"num_speculative_tokens={k} needs {k} MTP depths; the model has "
+                             f"{model.num_mtp_depths} loaded")
+    elif isinstance(source, (str, Path)):
+        model = load_checkpoint(source, dtype=dtype, device=device, num_mtp_depths=k)
+    else:
+        raise TypeError("checkpoint_or_model must be a checkpoint directory, an inkling_ref.InklingModel or "
+                        f"inkling_fast.weights.ModelWeights, got {type(source).__name__}")
+    return from_model(model, k, dtype, device)
 
 
 def from_model(model: InklingModel, num_depths: int, dtype: torch.dtype, device) -> ModelWeights:

@@ -13,7 +13,7 @@ change from call to call (row, token, pair and batch counts) are runtime argumen
 of its wrapper. The bounds below count those choices, kernel by kernel, from the wrappers' launch code
 and the shapes the call runs, which come from the engine's own plan:
 
-    prefill pass (B, T)   Engine.request_steps over the prompts: the trunk and every depth over B x T tokens
+    prefill pass (B, T)   prefill_plan.prefill_passes over the prompts: the trunk and every depth over B x T tokens
                           (padding rows and tokens included), the first token x_L over B rows
     cycle at batch B      every depth over a window of B x (k+1) tokens, the drafts' LM head over B rows,
                           the verify over B x (k+1) tokens (greedy: and its LM head over as many rows)
@@ -24,8 +24,6 @@ with the rows then keep one divisibility class.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import time
 from collections import defaultdict
 
@@ -34,9 +32,9 @@ import torch
 import triton
 from test_engine import agreeable_model, engine_config
 
-import inkling_fast.kernels as kernels
-from inkling_fast import Engine, forward, warmup
-from inkling_fast.engine import DecodeMode
+from inkling_fast import Engine, forward
+from inkling_fast.prefill_plan import prefill_passes
+from inkling_fast.step_io import CycleKey, PrefillKey
 from inkling_fast.kernels import lm_head_rows, mtp_input, short_conv
 from inkling_fast.kernels.attention_decode import MIN_SPLIT_KEYS
 from inkling_fast.kernels.lm_head_argmax import MAX_BLOCK_T
@@ -56,12 +54,13 @@ def tiny_model(dtype):
 
 
 def planned_steps(engine: Engine, prompt_lengths: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
-    """The engine's own plan of a `generate` of prompts of these lengths, all admitted at once
-    (Engine.request_steps): (B, T) of its distinct prefill passes, and the batch sizes a cycle may run at
+    """The engine's own plan of a `generate` of prompts of these lengths, all admitted at once: (B, T) of
+    its distinct prefill passes (prefill_plan.prefill_passes), and the batch sizes a cycle may run at
     (sequences finish at different cycles, so any captured size up to the one that holds every prompt)."""
     assert len(prompt_lengths) <= engine.max_batch_size, "more prompts than slots: admissions would interleave"
-    keys = engine.request_steps(prompt_lengths, engine.k, DecodeMode())
-    return [key[1:3] for key in keys if key[0] == "prefill"], [key[1] for key in keys if key[0] == "cycle"]
+    passes = prefill_passes(prompt_lengths, engine.prefill_lengths, engine.batch_sizes, engine.prefill_tokens)
+    top = engine.scheduler.batch_size_for(len(prompt_lengths))
+    return list(dict.fromkeys(passes)), [b for b in engine.batch_sizes if b <= top]
 
 
 def attention_layers(engine: Engine) -> list[tuple]:
@@ -193,8 +192,8 @@ def check_first_and_second(counter: Counter, engine: Engine, run, prompt_lengths
           f"{sorted(engine.graphs, key=str)}: {dict(sorted(compiled.items()))}\nbounds: {dict(sorted(limits.items()))}")
     over = {n: (c, limits.get(n, 0)) for n, c in compiled.items() if c > limits.get(n, 0)}
     assert not over, f"kernels compiled more often than the call needs (count, bound): {over}"
-    ran = {key[1:3] for key in engine.graphs if key[0] == "prefill"}
-    cycled = {key[1] for key in engine.graphs if key[0] == "cycle"}
+    ran = {key[:2] for key in engine.graphs if isinstance(key, PrefillKey)}
+    cycled = {key.batch_size for key in engine.graphs if isinstance(key, CycleKey)}
     assert ran == passes, f"prefill passes captured {sorted(ran)}, the engine's plan gives {sorted(passes)}"
     assert cycled and cycled <= set(cycles), f"cycles captured at {cycled}"
     assert captured == len(engine.graphs) <= max_captures(engine, prompt_lengths)
@@ -236,78 +235,3 @@ def test_batch8_sampled_compiles_once(monkeypatch):
         engine.generate(prompts, max_new_tokens=16, temperature=0.8, top_p=0.9, seed=3)
 
     check_first_and_second(counter, engine, run, lengths, greedy=False)
-
-
-def forget_built_kernels() -> None:
-    """Empty the in-process caches of every kernel of inkling_fast.kernels, so that the next launch of any
-    specialization goes through Triton's build step again (from its on-disk cache if it has one)."""
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
-        for obj in vars(module).values():
-            if isinstance(obj, triton.runtime.jit.JITFunction):
-                obj.device_caches.clear()
-
-
-SCENARIOS = {
-    "batch1 greedy fp32": (torch.float32, 1, [[(3 * j + 1) % 5 for j in range(45)]], dict(max_new_tokens=12), 40),
-    "batch8 sampled bf16": (torch.bfloat16, 8, [[(7 * i + j) % 5 for j in range(L)]
-                                                for i, L in enumerate([1, 3, 6, 9, 12, 16, 17, 23])],
-                            dict(max_new_tokens=16, temperature=0.8, top_p=0.9, seed=3), 4096),
-}
-
-
-@pytest.mark.gpu
-@GPU_ONLY
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_build_kernels_leaves_generate_nothing_to_build(monkeypatch, scenario):
-    """Engine.build_kernels (the concurrent build-only trace of the request's steps, warmup.py) builds
-    every specialization the call needs, within the bounds, and the call after it builds none: the
-    trace's meta tensors fall into the same specialization classes as the real ones."""
-    dtype, slots, prompts, kwargs, budget = SCENARIOS[scenario]
-    engine = Engine(tiny_model(dtype), max_batch_size=slots, max_seq_len=64, num_speculative_tokens=K, dtype=dtype,
-                    prefill_tokens=budget)
-    forget_built_kernels()
-    monkeypatch.setattr(warmup, "build_record", lambda engine, keys: None)   # trace even if built before
-    built: dict[str, int] = defaultdict(int)     # per kernel: specializations installed (Triton's post-compile hook)
-
-    def hook(*args, **kw):
-        built[kw["fn"].name] += 1
-
-    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", hook)
-    counter = Counter(monkeypatch)
-    engine.build_kernels(prompts, **kwargs)
-    _, captured = counter.take()
-    limits = bounds(engine, [len(p) for p in prompts], greedy="temperature" not in kwargs)
-    over = {n: (c, limits.get(n, 0)) for n, c in built.items() if c > limits.get(n, 0)}
-    assert sum(built.values()) > 0 and captured == 0 and not over, f"built {dict(built)}, over the bounds: {over}"
-    engine.generate(prompts, **kwargs)
-    compiled, _ = counter.take()
-    assert compiled == {}, f"generate still built {compiled} after build_kernels"
-
-
-@pytest.mark.gpu
-@GPU_ONLY
-def test_a_recorded_build_is_not_traced_again(monkeypatch):
-    """build_kernels leaves a build record in Triton's cache folder; an identical engine in a later
-    process (here: a second engine) finds it and skips the trace, whose kernels are in that cache."""
-    dtype, slots, prompts, kwargs, budget = SCENARIOS["batch1 greedy fp32"]
-
-    def make():
-        return Engine(tiny_model(dtype), max_batch_size=slots, max_seq_len=64, num_speculative_tokens=K,
-                      dtype=dtype, prefill_tokens=budget)
-
-    first = make()
-    lengths, k, mode = first._request(prompts, **kwargs)
-    keys = first.request_steps([len(p) for p in lengths], k, mode)
-    record = warmup.build_record(first, keys)
-    record.unlink(missing_ok=True)
-    first.build_kernels(prompts, **kwargs)
-    assert record.exists(), f"build_kernels left no record at {record}"
-    second = make()
-    assert warmup.build_record(second, keys) == record
-
-    def no_trace(*args, **kw):
-        raise AssertionError("build_kernels traced a build its record says is done")
-
-    monkeypatch.setattr(warmup, "trace_steps", no_trace)
-    second.build_kernels(prompts, **kwargs)

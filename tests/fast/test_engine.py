@@ -39,13 +39,13 @@ import torch
 import inkling_ref
 from inkling_fast import Engine, weights
 from inkling_fast.caches import FIELDS
-from inkling_fast.engine import DecodeMode
+from inkling_fast.step_io import Decoding
 from inkling_fast.prefill_plan import default_prefill_lengths, plan_prefill_pass
 from inkling_ref import InklingConfig, generate, load_checkpoint, random_model, save_checkpoint
 from inkling_ref import speculative as S
-from inkling_ref.generation import AcceptanceStats, Uniforms, sequence_seed
-from inkling_ref.cache import TrunkCache
-from inkling_ref.sampling import SamplingParams, probs
+from inkling_ref.decoding.generation import AcceptanceStats, Uniforms, sequence_seed
+from inkling_ref.model.cache import TrunkCache
+from inkling_ref.decoding.sampling import SamplingParams, probs
 from inkling_ref.testing import assert_close, cache_rows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -170,7 +170,7 @@ def assert_first_three_tokens_follow_the_trunk(model, result, prompt: list[int],
 
 def ring_sizes(engine: Engine) -> list[int]:
     return [c.capacity[f] for c in engine.trunk_caches + engine.depth_caches for f in FIELDS
-            if c.capacity[f] < engine.max_seq_len] + [engine.hidden_rows]
+            if c.capacity[f] < engine.max_seq_len] + [engine.steps.hidden_rows]
 
 
 @pytest.fixture(scope="module")
@@ -265,10 +265,10 @@ def run_scripted_cycles(engine: Engine, model, prompt: list[int], k: int, script
     """Drive the engine's draft / verify / commit with scripted accept counts (capped at k_eff, so a
     script may run the slot up to max_seq_len) and check the caches after every draft and commit.
     Returns the number of cycles run."""
-    mode, V = DecodeMode(), model.config.vocab_out
+    dec, V = Decoding(k), model.config.vocab_out
     rng = random.Random(f"{k}-{script}")
     stop = engine.max_seq_len
-    tokens = prompt + [engine.prefill(slot, prompt, k, stop, mode)]
+    tokens = prompt + [engine.prefill(slot, prompt, dec, stop)]
     batch = engine.make_batch([slot], k)
     dev = engine.device
     for cycle, a in enumerate(script):
@@ -277,7 +277,7 @@ def run_scripted_cycles(engine: Engine, model, prompt: list[int], k: int, script
             return cycle
         k_eff = min(k, stop - n - 1)
         a = min(a, k_eff)
-        drafts = engine.draft(batch, k, mode)[0][0].tolist()
+        drafts = engine.steps.draft(batch, dec)[0][0].tolist()
         oracle = S.teacher_forced_depth_caches(model, tokens)            # x_0 .. x_{n-1}
         for m in range(k):                                                # rows p <= n-2-m
             rows = intact(engine.depth_caches[m], n - 2, n - 2 - m, engine.max_seq_len)
@@ -285,14 +285,14 @@ def run_scripted_cycles(engine: Engine, model, prompt: list[int], k: int, script
         with torch.no_grad():
             H = model.hidden(torch.tensor([tokens[:-1]], device=dev))[0]  # H_0 .. H_{n-2}
         window = [p for p in range(n - 2 - k, n - 1) if p >= 0]
-        got = engine.state.hidden[slot, torch.tensor(window, device=dev) % engine.hidden_rows]
+        got = engine.state.hidden[slot, torch.tensor(window, device=dev) % engine.steps.hidden_rows]
         assert_close(got, H[window], tol, f"cycle {cycle}: hidden ring")
 
-        engine.verify(batch, k)
+        engine.steps.verify(batch, dec)
         b = rng.randrange(V)
         while a < k_eff and b == drafts[a]:
             b = rng.randrange(V)                                          # never the rejected draft
-        engine.commit(batch, torch.tensor([a], device=dev), torch.tensor([b], device=dev))
+        engine.steps.commit(batch, torch.tensor([a], device=dev), torch.tensor([b], device=dev))
         tokens += drafts[:a] + [b]
         n_new = len(tokens)
         assert int(engine.state.n[slot]) == n_new
@@ -384,7 +384,7 @@ def assert_prefill_state(engine: Engine, slot: int, prompt: list[int], k: int, s
         same(engine.depth_caches[m], slot, other.depth_caches[m], other_slot, rows, f"slot {slot}, depth {m}")
         compare_rows(engine.depth_caches[m], oracle[m], slot, rows, f"slot {slot}, depth {m} vs reference", TOL)
     window = list(range(max(0, L - 1 - k), L))
-    ring = torch.tensor(window, device=dev) % engine.hidden_rows
+    ring = torch.tensor(window, device=dev) % engine.steps.hidden_rows
     for got, what in ((st.hidden[slot, ring], "engine"), (other.state.hidden[other_slot, ring], "per-sequence")):
         assert ((got - H[window]).norm() / H[window].norm()).item() <= TOL, f"slot {slot}: hidden ring ({what})"
 
@@ -404,16 +404,16 @@ def test_batched_prefill_equals_sequence_prefill(model):
     poison(engine)
     poison(single)
     stops = [len(p) + 6 for p in prompts]
-    mode = DecodeMode()
-    firsts = engine.prefill_batch([2, 0, 3], prompts[:3], k, stops[:3])
+    dec = Decoding(k)
+    firsts = engine.prefill_batch([2, 0, 3], prompts[:3], dec, stops[:3])
     assert [(t.rows, t.tokens) for t in engine.timings] == [(3, 5), (2, 5), (1, 1)]
     for i, (slot, other) in enumerate(zip([2, 0, 3], [1, 3, 0])):
-        assert single.prefill(other, prompts[i], k, stops[i], mode) == firsts[i]
+        assert single.prefill(other, prompts[i], dec, stops[i]) == firsts[i]
         assert_prefill_state(engine, slot, prompts[i], k, stops[i], firsts[i], single, other, model)
-    engine.run_cycle([0], k, mode)
-    first = engine.prefill_batch([1], prompts[3:], k, stops[3:])[0]
+    engine.run_cycle([0], dec)
+    first = engine.prefill_batch([1], prompts[3:], dec, stops[3:])[0]
     assert [(t.rows, t.tokens) for t in engine.timings] == [(1, 8), (1, 5)]
-    assert single.prefill(2, prompts[3], k, stops[3], mode) == first
+    assert single.prefill(2, prompts[3], dec, stops[3]) == first
     assert_prefill_state(engine, 1, prompts[3], k, stops[3], first, single, 2, model)
 
 
@@ -511,11 +511,11 @@ def test_errors_name_the_problem(model, engine4, tmp_path):
     with pytest.raises(ValueError, match="must be distinct"):
         engine4.make_batch([0, 0], 4)
     with pytest.raises(ValueError, match="slot=3 is outside 0..max_batch_size-1=2"):
-        engine4.prefill(3, [1, 2], 4, 10, DecodeMode())
+        engine4.prefill(3, [1, 2], Decoding(4), 10)
     with pytest.raises(ValueError, match="slots \\[0, 0\\] must be distinct"):
-        engine4.prefill_batch([0, 0], [[1], [2]], 4, [5, 5])
+        engine4.prefill_batch([0, 0], [[1], [2]], Decoding(4), [5, 5])
     with pytest.raises(ValueError, match="prompt 1: 3 tokens with stop=3 do not fit"):
-        engine4.prefill_batch([0, 1], [[1], [2, 3, 4]], 4, [5, 3])
+        engine4.prefill_batch([0, 1], [[1], [2, 3, 4]], Decoding(4), [5, 3])
 
     # a checkpoint with fewer complete MTP depths than k
     small = random_model(engine_config(num_mtp_depths=2, mtp_layer_types=["sliding", "global"]), seed=0)
@@ -530,7 +530,7 @@ def demo_prompts(count: int) -> list[list[int]]:
     lengths 16, 29, 42, ... tokens."""
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(DEMO / "tokenizer.json"))
-    files = sorted(Path(inkling_ref.__file__).resolve().parent.glob("*.py"))
+    files = sorted(Path(inkling_ref.__file__).resolve().parent.rglob("*.py"))
     return [tok.encode(files[i % len(files)].read_text()).ids[: 16 + 13 * i] for i in range(count)]
 
 
@@ -630,15 +630,15 @@ def test_gpu_demo_batched_prefill_caches(demo_ref, demo_fp32, k):
     stops = [len(p) + 4 for p in prompts]
     poison(engine)
     poison(demo_fp32)
-    mode = DecodeMode()
-    firsts = engine.prefill_batch([1, 4, 6, 7], prompts[:4], k, stops[:4])
+    dec = Decoding(k)
+    firsts = engine.prefill_batch([1, 4, 6, 7], prompts[:4], dec, stops[:4])
     assert len(engine.timings) >= 3
     for i, (slot, other) in enumerate(zip([1, 4, 6, 7], [0, 1, 2, 3])):
-        assert demo_fp32.prefill(other, prompts[i], k, stops[i], mode) == firsts[i]
+        assert demo_fp32.prefill(other, prompts[i], dec, stops[i]) == firsts[i]
         assert_prefill_state(engine, slot, prompts[i], k, stops[i], firsts[i], demo_fp32, other, demo_ref)
-    engine.run_cycle([1], k, mode)
-    first = engine.prefill_batch([0], prompts[4:], k, stops[4:])[0]
-    assert demo_fp32.prefill(4, prompts[4], k, stops[4], mode) == first
+    engine.run_cycle([1], dec)
+    first = engine.prefill_batch([0], prompts[4:], dec, stops[4:])[0]
+    assert demo_fp32.prefill(4, prompts[4], dec, stops[4]) == first
     assert_prefill_state(engine, 0, prompts[4], k, stops[4], first, demo_fp32, 4, demo_ref)
 
 
@@ -687,7 +687,7 @@ def paired_cycles(a, b) -> list[tuple[int, int]]:
 def test_paired_cycles_and_mean_se():
     """The statistics of the bf16 test below, on hand-made records (CPU)."""
     from types import SimpleNamespace as NS
-    from inkling_ref.generation import CycleRecord
+    from inkling_ref.decoding.generation import CycleRecord
 
     def rec(a, emitted, counted=True):
         return CycleRecord(k=2, drafts=[0, 0], accepted=a, emitted=emitted, counted=counted)
@@ -753,14 +753,14 @@ def test_gpu_cycle_has_no_host_sync_and_replays_as_graphs(model):
     graphs = Engine(model, max_batch_size=4, max_seq_len=40, num_speculative_tokens=3, dtype=torch.float32)
     eager = Engine(model, max_batch_size=4, max_seq_len=40, num_speculative_tokens=3, dtype=torch.float32,
                    use_cuda_graphs=False, batch_sizes=[2, 4], prefill_tokens=8, prefill_lengths=[2, 4])
-    for mode in (DecodeMode(), DecodeMode(SamplingParams(0.9, top_k=3), "sample")):
-        eager.prefill_batch([1, 2], prompts[:2], 3, [30, 30], mode)      # compile and autotune first
-        eager.prefill(0, prompts[0], 3, 30, mode)
+    for dec in (Decoding(3), Decoding(3, SamplingParams(0.9, top_k=3), "sample")):
+        eager.prefill_batch([1, 2], prompts[:2], dec, [30, 30])        # compile first
+        eager.prefill(0, prompts[0], dec, 30)
         batch = eager.make_batch([0], 3)
-        eager.cycle(batch, 3, mode)
+        eager.steps.cycle(batch, dec)
         with sync_debug_error_but_result_waits() as waits:
-            eager.cycle(batch, 3, mode)
-            eager.prefill_batch([1, 2], prompts[:2], 3, [30, 30], mode)
+            eager.steps.cycle(batch, dec)
+            eager.prefill_batch([1, 2], prompts[:2], dec, [30, 30])
         assert len(waits) == len(eager.timings) == 2                   # two passes: [1..5] in chunks of 4 + 1
     steps = 0
     for kw in (dict(), dict(temperature=0.9, top_k=3, draft_sampling="sample", seed=7)):

@@ -1,4 +1,4 @@
-"""The engine's draft distributions (DecodeMode.draft_sampling) against inkling_ref, float32.
+"""The engine's draft distributions (Decoding.draft_sampling) against inkling_ref, float32.
 
 draft_sampling="temperature" draws drafts from softmax(logits / T) only, with no top-k / top-p, and
 gives rejection sampling that distribution as q (vLLM's probabilistic drafting); "sample" draws from
@@ -21,9 +21,9 @@ from test_engine import (DEVICE, agreeable_model, assert_accepts_and_rejects,
 from test_engine import one_thread  # noqa: F401 (its autouse fixture: one CPU thread)
 
 from inkling_fast import Engine
-from inkling_fast.engine import DecodeMode
+from inkling_fast.step_io import Decoding
 from inkling_ref import generate
-from inkling_ref.sampling import SamplingParams
+from inkling_ref.decoding.sampling import SamplingParams
 
 FILTERED = dict(temperature=3.0, top_k=4, top_p=0.7)  # broad enough for the chi-square to have power
 
@@ -35,10 +35,10 @@ def model():
 
 def test_draft_params_of_each_mode():
     params = SamplingParams(**FILTERED)
-    assert DecodeMode(params, "temperature").draft_params == SamplingParams(3.0)
-    assert DecodeMode(params, "sample").draft_params == params
-    assert DecodeMode(params, "greedy").draft_params == SamplingParams()
-    assert DecodeMode(params, "temperature").sampled_drafts and not DecodeMode(params, "greedy").sampled_drafts
+    assert Decoding(0, params, "temperature").draft_params == SamplingParams(3.0)
+    assert Decoding(0, params, "sample").draft_params == params
+    assert Decoding(0, params, "greedy").draft_params == SamplingParams()
+    assert Decoding(0, params, "temperature").sampled_drafts and not Decoding(0, params, "greedy").sampled_drafts
 
 
 def test_temperature_drafts_with_reference_uniforms_equal_reference(model):

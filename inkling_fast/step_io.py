@@ -1,0 +1,110 @@
+"""What goes into and comes out of the engine's device steps: their keys, inputs and result columns.
+
+A step is a fixed sequence of kernel launches whose shapes depend only on its key; one CUDA graph is
+captured per key (graphs.py), and the data that changes from call to call travels in one input tensor:
+
+    CycleKey(batch_size, decoding)            cycle input: int32 [B], the slot of each batch row (-1: padding)
+                                              result: int64 [B, k + 7], columns CycleColumns(k)
+    PrefillKey(batch_size, length, decoding)  pass input: int64 [B, PASS_COLUMNS + T + k], a row per chunk
+                                              (PassColumns, then the chunk's tokens)
+                                              result: int64 [B, 2], columns PassResult
+
+`Decoding` is what a step computes besides its shapes: k drafts per cycle and how tokens are chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from inkling_ref.decoding.sampling import SamplingParams, draft_params
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """k drafts per cycle (0: plain decoding), the target's sampling `params` (greedy when the
+    temperature is 0), and how drafts are chosen: `draft_sampling` (inkling_ref's DRAFT_SAMPLING:
+    greedy, sampled from the target's filtered distribution, or sampled at the temperature only, as
+    vLLM drafts)."""
+    k: int = 0
+    params: SamplingParams = SamplingParams()
+    draft_sampling: str = "greedy"
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    @property
+    def sampled_drafts(self) -> bool:
+        return not self.greedy and self.draft_sampling != "greedy"
+
+    @property
+    def draft_params(self) -> SamplingParams:
+        """The draft distribution q: what sampled drafts are drawn from and rejection sampling divides by."""
+        return draft_params(self.params, self.draft_sampling)
+
+
+class CycleKey(NamedTuple):
+    """One cycle of `batch_size` rows."""
+    batch_size: int
+    decoding: Decoding
+
+
+class PrefillKey(NamedTuple):
+    """One batched prefill pass of `batch_size` rows, each a chunk of up to `length` prompt tokens."""
+    batch_size: int
+    length: int
+    decoding: Decoding
+
+
+StepKey = CycleKey | PrefillKey
+
+
+@dataclass
+class Batch:
+    """The rows of one cycle: row b runs the sequence in slot[b] (the scratch slot for padding rows,
+    live[b] = False); uniforms [B, 2k+1] float64 (sampling only): draft | accept | final."""
+    slot: torch.Tensor      # int32 [B]
+    live: torch.Tensor      # bool [B]
+    uniforms: torch.Tensor  # float64 [B, 2k+1]
+
+
+class CycleColumns:
+    """Columns of a cycle's result row (int64 [B, k+7]): a, b, d_1..d_k, then k_eff, the number of
+    tokens emitted (a+1, or up to and including an EOS), whether an EOS was emitted, whether the
+    sequence is done after the cycle, and whether the row ran live (0: padding or an already finished
+    sequence; nothing to book)."""
+
+    def __init__(self, k: int):
+        self.a, self.b, self.drafts = 0, 1, 2
+        self.k_eff, self.emitted, self.eos, self.done, self.live = k + 2, k + 3, k + 4, k + 5, k + 6
+        self.width = k + 7
+
+
+class PassColumns(NamedTuple):
+    """The leading columns of a prefill pass row, in order; the chunk's tokens follow them. slot
+    (SlotState.scratch for a padding row), start c0 and length l >= 1 of the chunk (0: padding),
+    prompt length L, stop (L + max_new_tokens), eos (-1: none), seed, last (1 if c0 + l = L)."""
+    slot: int
+    start: int
+    length: int
+    prompt_len: int
+    stop: int
+    eos: int
+    seed: int
+    last: int
+
+
+PASS = PassColumns(*range(len(PassColumns._fields)))   # the column index of each field
+PASS_COLUMNS = len(PASS)
+
+
+class PassResult(NamedTuple):
+    """Columns of a prefill pass's result row (int64 [B, 2]); meaningful for a prompt's last chunk only."""
+    first: int      # x_L, the first new token
+    done: int       # the sequence is done after it (x_L is its EOS, or max_new_tokens = 1)
+
+
+PASS_RESULT = PassResult(0, 1)
