@@ -22,8 +22,10 @@ rows hold position -1 everywhere, and the kernels touch no cache memory for thos
     n        [slots+1]                       committed tokens (x_{n-1} is pending)
     stop     [slots+1]                       prompt length + max_new_tokens: the cycle makes at most
                                              k_eff = min(k, stop - n - 1) drafts
-    hidden   [slots+1, 2k+2, H]              trunk hiddens H_p at row p % (2k+2): a window reads
-                                             H_{n-2-k..n-2} while the verify writes H_{n-1..n-1+k}
+    hidden   [slots+1, max_seq_len + k + 1, H]  trunk hiddens H_p at row p, every position: a window reads
+                                             H_{n-2-k..n-2} while the verify writes H_{n-1..n-1+k}, and
+                                             a depth that fell behind (a smaller k ran meanwhile)
+                                             recomputes its missing rows from them
     done     [slots+1]                       the sequence has finished (max_new_tokens or EOS): a batch row
                                              on this slot is padding in every cycle until the slot is refilled
     eos      [slots+1]                       the sequence's EOS token id (-1: none)
@@ -117,7 +119,7 @@ class SlotState:
             return torch.zeros(shape, dtype=dt, device=device)
 
         return cls(tokens=zeros(S, max_seq_len + k + 1), n=zeros(S), stop=zeros(S),
-                   hidden=zeros(S, 2 * k + 2, hidden_size, dt=dtype), done=zeros(S, dt=torch.bool),
+                   hidden=zeros(S, max_seq_len + k + 1, hidden_size, dt=dtype), done=zeros(S, dt=torch.bool),
                    eos=torch.full((S,), -1, dtype=torch.int64, device=device), seeds=zeros(S), counters=zeros(S))
 
     @property

@@ -11,9 +11,12 @@ lengths, positions, tokens) is device state (caches.py) or part of the step's on
         accept                 greedy_accept / rejection_sample, capped at k_eff per sequence
         commit                 tokens[n+a] = b; n += a + 1          (rollback = the length only)
         outcome                the emitted tokens cut at EOS; done[slot] at EOS or n = stop
-    prefill_rows(rows, T, dec) the next chunk of up to B admitted prompts: the trunk, the first
-                               window's H_p, every depth over the chunk's teacher-forced rows, and for
-                               a prompt's last chunk x_L and the slot's state
+    prefill_rows(rows, T, dec) the next chunk of up to B admitted prompts: the trunk, its H_p, every
+                               depth over the chunk's teacher-forced rows, and for a prompt's last
+                               chunk x_L and the slot's state
+    catchup_rows(rows, T, dec) depths 0..k-1 over up to T committed rows per sequence, teacher-forced
+                               from SlotState's tokens and hiddens: the rows a cycle at k needs below
+                               its window when a smaller k ran before (or a longer acceptance)
 
 Fixed shapes: every cycle runs T = k+1 rows per sequence for every depth and the verify. A window
 row at a position < 0 (short prompts) and a verify row beyond k_eff = min(k, stop - n - 1) are
@@ -42,7 +45,7 @@ from .kernels.accept import greedy_accept
 from .kernels.rejection import rejection_sample
 from .kernels.sampling import sample_tokens, sampling_probs
 from .kernels.uniforms import philox_uniforms
-from .step_io import PASS, PASS_COLUMNS, Batch, CycleKey, Decoding, StepKey
+from .step_io import PASS, PASS_COLUMNS, Batch, CatchupKey, CycleKey, Decoding, StepKey
 from .weights import ModelWeights
 
 
@@ -61,14 +64,12 @@ class DeviceSteps:
         self.W, self.trunk_caches, self.depth_caches, self.state = W, trunk_caches, depth_caches, state
         self.uniforms, self.reference_uniforms = uniforms, reference_uniforms
 
-    @property
-    def hidden_rows(self) -> int:
-        return self.state.hidden.shape[1]
-
     def run(self, key: StepKey, rows: torch.Tensor) -> torch.Tensor:
-        """The step `key` on its device input `rows`: `cycle_rows` or `prefill_rows`."""
+        """The step `key` on its device input `rows`: `cycle_rows`, `prefill_rows` or `catchup_rows`."""
         if isinstance(key, CycleKey):
             return self.cycle_rows(rows, key.decoding)
+        if isinstance(key, CatchupKey):
+            return self.catchup_rows(rows, key.length, key.decoding)
         return self.prefill_rows(rows, key.length, key.decoding)
 
     def padding_input(self, key: StepKey, device) -> torch.Tensor:
@@ -76,6 +77,10 @@ class DeviceSteps:
         what a graph is captured on."""
         if isinstance(key, CycleKey):
             return torch.full((key.batch_size,), -1, dtype=torch.int32, device=device)
+        if isinstance(key, CatchupKey):
+            pad = torch.zeros(key.batch_size, 3, dtype=torch.int64, device=device)
+            pad[:, 0] = self.state.scratch
+            return pad
         pad = torch.zeros(key.batch_size, PASS_COLUMNS + key.length + key.decoding.k, dtype=torch.int64,
                           device=device)
         pad[:, PASS.slot] = self.state.scratch
@@ -96,7 +101,7 @@ class DeviceSteps:
             return st.tokens.new_zeros(len(s), 0), None
         p = n[:, None] - 2 - k + torch.arange(k + 1, device=n.device)            # window positions [B, T]
         pos = torch.where(batch.live[:, None] & (p >= 0), p, -1).int()
-        h = st.hidden[s[:, None], p.clamp(min=0) % self.hidden_rows]            # H_p, depth 0's input
+        h = st.hidden[s[:, None], p.clamp(min=0)]                               # H_p, depth 0's input
         drafts, q = [], []
         for m in range(k):
             ids = st.tokens[s[:, None], (p + m + 1).clamp(min=0)]               # slot p+m+1: x or an earlier draft
@@ -114,7 +119,7 @@ class DeviceSteps:
 
     def verify(self, batch: Batch, dec: Decoding) -> tuple[torch.Tensor, torch.Tensor]:
         """The trunk over [x_{n-1}, d_1, .., d_k] at positions n-1 .. n-1+k (rows beyond k_eff are padding);
-        writes H_{n-1..n-1+k} into the hidden ring. Returns (H [B, k+1, H], k_eff int64 [B])."""
+        writes H_{n-1..n-1+k} into SlotState.hidden. Returns (H [B, k+1, H], k_eff int64 [B])."""
         st, (s, n), k = self.state, self._lengths(batch), dec.k
         k_eff = torch.where(batch.live, (st.stop[s] - n - 1).clamp(0, k), 0)
         t = torch.arange(k + 1, device=n.device)
@@ -122,7 +127,7 @@ class DeviceSteps:
         pos = torch.where(batch.live[:, None] & (t <= k_eff[:, None]), p, -1).int()
         ids = st.tokens[s[:, None], p.clamp(min=0)]
         hidden = forward.trunk_forward(self.W, self.trunk_caches, ids, batch.slot, pos)
-        st.hidden.index_put_((s[:, None].expand_as(p), p % self.hidden_rows), hidden)
+        st.hidden.index_put_((s[:, None].expand_as(p), p.clamp(min=0)), hidden)
         return hidden, k_eff
 
     def accept(self, batch: Batch, dec: Decoding, drafts: torch.Tensor, q: torch.Tensor | None,
@@ -215,7 +220,7 @@ class DeviceSteps:
 
             tokens[slot, c0 .. min(L, c0+l+k) - 1] = the row's tokens (the depth rows read k ahead)
             H = trunk(chunk)                                         trunk caches at pos
-            hidden[slot, p % (2k+2)] = H_p          for p >= L-1-k   the first window's hiddens
+            hidden[slot, p] = H_p                   every chunk row  (windows and catch-ups read them)
             depth m over rows p <= L-2-k (tokens x_{p+m+1}, inputs H / depth m-1)   depth caches
             last chunk:  x_L = pick(H_{L-1}); tokens[slot, L] = x_L; n = L+1; stop, eos, seed,
                          counter (1 after a sampled x_L, else 0) and done = (x_L == eos or L+1 >= stop)
@@ -232,9 +237,7 @@ class DeviceSteps:
         pos = torch.where(t[:T] < length[:, None], p[:, :T], -1).int()
         slot32 = slot.int()
         hidden = forward.trunk_forward(self.W, self.trunk_caches, ids[:, :T].contiguous(), slot32, pos, prefill=True)
-        window = (pos >= 0) & (pos >= (L - 1 - k)[:, None])
-        st.hidden.index_put_((torch.where(window, slot[:, None], scratch), pos.clamp(min=0) % self.hidden_rows),
-                             hidden)
+        st.hidden.index_put_((torch.where(pos >= 0, slot[:, None], scratch), pos.clamp(min=0)), hidden)
         d_pos = torch.where(pos < (L - 1 - k)[:, None], pos, -1)                # depth rows p <= L-2-k
         h, width = hidden, st.tokens.shape[1]
         for m in range(k):
@@ -258,3 +261,23 @@ class DeviceSteps:
                            (st.done, done)):
             dst.index_put_((s,), value)
         return torch.stack([first, done.long()], dim=1)
+
+    # ------------------------------------------------------------------------------------------ catch-up
+    def catchup_rows(self, rows: torch.Tensor, T: int, dec: Decoding) -> torch.Tensor:
+        """One catch-up pass. rows: int64 [B, 3], per row the slot (SlotState.scratch: padding), the first
+        row c0 and the count c <= T of rows to recompute; depth m runs over rows p = c0 .. c0+c-1 with
+        tokens x_{p+m+1} and hidden inputs H_p (m = 0) or depth m-1's outputs of this pass, writing its
+        cache rows. Every row read is committed: the caller asks only for rows below the next window
+        [n-2-k, n-2], so p + m + 1 <= n - 2. Returns int64 [B, 1]: c per row."""
+        st, dev = self.state, rows.device
+        slot, c0, count = rows.unbind(1)
+        t = torch.arange(T, device=dev)
+        p = c0[:, None] + t                                                     # [B, T]
+        pos = torch.where(t < count[:, None], p, -1).int()
+        last = st.tokens.shape[1] - 1
+        h = st.hidden[slot[:, None], p.clamp(max=st.hidden.shape[1] - 1)]       # H_p
+        slot32 = slot.int()
+        for m in range(dec.k):
+            tok = st.tokens[slot[:, None], (p + m + 1).clamp(max=last)]         # x_{p+m+1}
+            h = forward.depth_forward(self.W, m, self.depth_caches[m], h, tok, slot32, pos, prefill=True)
+        return count[:, None].clone()

@@ -3,7 +3,7 @@
     prefill_one(steps, slot, prompt, dec, stop, chunk)
 
 The trunk over the prompt x_0..x_{L-1} in chunks of `chunk` tokens, x_L picked from its last
-logits, the hidden ring filled with H_{L-1-k..L-1}, and every depth over the prompt rows 0..L-2-k
+logits, SlotState.hidden filled with H_0..H_{L-1}, and every depth over the prompt rows 0..L-2-k
 (teacher-forced), so that the first cycle's window [L-1-k, L-1] continues them. Tests compare the
 batched passes with it; it returns x_L with one host sync, so it is never captured.
 """
@@ -34,10 +34,7 @@ def prefill_one(steps: DeviceSteps, slot: int, prompt: list[int], dec: Decoding,
         pos = torch.arange(c0, c1, dtype=torch.int32, device=device)[None]
         hidden = forward.trunk_forward(W, steps.trunk_caches, st.tokens[slot, c0:c1][None], slot_t, pos,
                                        prefill=True)
-        w0 = max(c0, L - 1 - k)                                              # the first window's H_p
-        if w0 < c1:
-            rows = torch.arange(w0, c1, device=device) % steps.hidden_rows
-            st.hidden[slot, rows] = hidden[0, w0 - c0:]
+        st.hidden[slot, c0:c1] = hidden[0]
         d1 = min(c1, depth_rows)
         if d1 > c0:                                                          # depth rows c0..d1-1
             h, d_pos = hidden[:, : d1 - c0], pos[:, : d1 - c0].contiguous()

@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from inkling_ref.decoding.adaptive import AdaptiveDepth, CycleCosts, DepthPolicy
 from inkling_ref.decoding.generation import (AcceptanceStats, GenerationResult, Limits, normalize_prompts,
                                              sequence_seed, validate)
 from inkling_ref.decoding.sampling import SamplingParams
@@ -37,7 +38,7 @@ from .graphs import StepRunner
 from .kernels.common import interpreting
 from .prefill_plan import default_prefill_lengths
 from .scheduler import Request, Scheduler, Sequence
-from .step_io import Batch, Decoding
+from .step_io import Batch, CycleKey, Decoding
 from .warmup import SetupReport, warmup
 from .weights import load_weights
 
@@ -122,6 +123,8 @@ class Engine:
                                    sorted(set(lengths)), prefill_tokens, reference)
         self.request_times: list[tuple[float, float]] = []
         self.started_s = math.nan
+        self.cycle_costs: dict[tuple, CycleCosts] = {}     # per (sampling params, draft sampling): measured
+        self.policy: DepthPolicy | None = None             # the depth policy of the last generate, if any
 
     # the parts' state, read by tests, notebooks and benchmarks
     W = property(lambda self: self.steps.W)
@@ -148,39 +151,68 @@ class Engine:
                                 "num_speculative_tokens={depths})")
         validate(limits, prompts, max_new_tokens, k, draft_sampling, seed, eos_token_id)
 
-    def request(self, prompt_ids, max_new_tokens: int | list[int], num_speculative_tokens: int | None = None,
-                temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                draft_sampling: str = "greedy", seed: int | None = None,
-                eos_token_id: int | None = None) -> Request:
+    def request(self, prompt_ids, max_new_tokens: int | list[int],
+                num_speculative_tokens: int | str | DepthPolicy | None = None, temperature: float = 0.0,
+                top_k: int | None = None, top_p: float | None = None, draft_sampling: str = "greedy",
+                seed: int | None = None, eos_token_id: int | None = None) -> Request:
         """generate's arguments checked and gathered into one Request."""
         prompts = normalize_prompts(prompt_ids)
         k = self.k if num_speculative_tokens is None else num_speculative_tokens
         self.validate(prompts, max_new_tokens, k, draft_sampling, seed, eos_token_id)
         limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
         seeds = [secrets.randbits(62) if seed is None else sequence_seed(seed, i) for i in range(len(prompts))]
-        return Request(prompts, limits, Decoding(k, SamplingParams(temperature, top_k, top_p), draft_sampling),
-                       seeds, eos_token_id)
+        params = SamplingParams(temperature, top_k, top_p)
+        policy = None
+        if k == "auto":
+            costs = self.cycle_costs.setdefault((params, draft_sampling), CycleCosts())
+            policy = AdaptiveDepth(self.k, costs, seed=0 if seed is None else seed)
+        elif isinstance(k, DepthPolicy):
+            policy = k
+        if policy is not None:
+            k = policy.max_k                       # prefill passes run every depth a cycle may use
+        return Request(prompts, limits, Decoding(k, params, draft_sampling), seeds, eos_token_id, policy)
 
     @torch.no_grad()
-    def generate(self, prompt_ids, max_new_tokens: int | list[int], num_speculative_tokens: int | None = None,
+    def generate(self, prompt_ids, max_new_tokens: int | list[int],
+                 num_speculative_tokens: int | str | DepthPolicy | None = None,
                  temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                  draft_sampling: str = "greedy", seed: int | None = None,
                  eos_token_id: int | None = None, overlap: bool | None = None) -> GenerationResult:
         """As `inkling_ref.generate` (same arguments without the model, same result). k defaults to the
-        engine's num_speculative_tokens and may be smaller; max_new_tokens may also be a list, one limit
-        per prompt. Prompts beyond max_batch_size wait for a free slot. overlap: the loop (None: the
+        engine's num_speculative_tokens and may be smaller, or "auto": each cycle the k with the most
+        expected tokens per ms for the batch running (inkling_ref.decoding.adaptive.AdaptiveDepth, over
+        this engine's measured cycle costs; `measure_cycle_costs`), or any DepthPolicy; max_new_tokens
+        may also be a list, one limit per prompt. Prompts beyond max_batch_size wait for a free slot. overlap: the loop (None: the
         engine's default; scheduler.py). Host timings are left in `self.timings` (per step) and
         `self.request_times` (per prompt: when its first token and its last were booked),
         time.perf_counter seconds from `self.started_s`."""
         request = self.request(prompt_ids, max_new_tokens, num_speculative_tokens, temperature, top_k, top_p,
                                draft_sampling, seed, eos_token_id)
+        if isinstance(request.policy, AdaptiveDepth):
+            self.measure_cycle_costs(request)
         t0 = self.started_s = time.perf_counter()
         seqs = self.scheduler.run(request, self.overlap if overlap is None else overlap)
         elapsed = time.perf_counter() - t0
         self.request_times = [(s.first_s, s.done_s) for s in seqs]
         stats = AcceptanceStats.from_cycles(request.decoding.k, [c for s in seqs for c in s.cycles])
+        self.policy = request.policy
         return GenerationResult(token_ids=[s.out for s in seqs], cycles=[s.cycles for s in seqs], stats=stats,
                                 elapsed_s=elapsed)
+
+    def measure_cycle_costs(self, request: Request) -> None:
+        """The device time of a cycle at every k a policy may choose, at the batch sizes `request` can
+        run, timed on all-padding cycles (their graphs captured), where its cost table has none yet: what
+        AdaptiveDepth decides from before the request's own cycles are timed. On the CPU, nothing: the
+        interpreter's times say nothing about a GPU's, and the request's own cycles are timed."""
+        if self.device.type != "cuda":
+            return
+        costs, dec = request.policy.costs, request.decoding
+        top = self.scheduler.batch_size_for(min(len(request.prompts), self.max_batch_size))
+        for B in [b for b in self.scheduler.batch_sizes if b <= top]:
+            for k in range(request.policy.max_k + 1):
+                if (B, k) not in costs.cycles:
+                    key = CycleKey(B, Decoding(k, dec.params, dec.draft_sampling))
+                    costs.add(costs.cycles, (B, k), self.runner.time_padding(key))
 
     def warmup(self, prompt_ids, **generate_kwargs) -> SetupReport:
         """Pay a request's setup up front: run `generate(prompt_ids, **generate_kwargs)` once and discard it,
@@ -241,10 +273,10 @@ class Engine:
         """One cycle for the sequences in `slots` (graph replay, or eager); waits for it and returns per
         sequence its result row (step_io.CycleColumns: a, b, d_1..d_k, k_eff, emitted, eos, done, live)."""
         self._check_slots(slots)
-        _, host, event = self.scheduler.launch_slots(list(slots), dec)
-        if event is not None:
-            event.synchronize()
-        return host[: len(slots)].tolist()
+        _, launched = self.scheduler.launch_slots(list(slots), dec)
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        return launched.host[: len(slots)].tolist()
 
     def _check_slots(self, slots: list[int]) -> None:
         if any(not 0 <= s < self.max_batch_size for s in slots) or len(set(slots)) != len(slots):

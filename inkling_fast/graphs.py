@@ -20,7 +20,8 @@ they run one after the other on one stream, never concurrently.
 
 from __future__ import annotations
 
-from typing import Callable
+import time
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -55,6 +56,22 @@ class StepGraph:
         return self.out
 
 
+class Launched(NamedTuple):
+    """A launched step: its result on its way to the host, the event to wait on before reading it (None
+    on the CPU, where the result is ready), and, when timed, what brackets the step: two device events
+    (CUDA), or two host clock readings (the CPU runs a step before `launch` returns)."""
+    host: torch.Tensor
+    ready: object
+    timer: tuple | None
+
+    def device_ms(self) -> float | None:
+        """The step's run time in ms (after `ready` was waited on), or None when not timed."""
+        if self.timer is None:
+            return None
+        start, end = self.timer
+        return start.elapsed_time(end) if isinstance(start, torch.cuda.Event) else (end - start) * 1e3
+
+
 class StepRunner:
     """Launches the steps of `steps` from host inputs and starts copying their results back: a graph
     per key (captured on first use) with `use_cuda_graphs`, else eagerly."""
@@ -64,17 +81,38 @@ class StepRunner:
         self.graphs: dict[StepKey, StepGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if use_cuda_graphs else None
 
-    def launch(self, key: StepKey, host_input: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """Run the step `key` on `host_input`; returns (its result on its way to the host, an event to
-        wait on before reading it: None on the CPU, where the result is ready)."""
-        if not self.use_cuda_graphs:
-            out = self.steps.run(key, self.upload(host_input))
-        else:
-            if key not in self.graphs:
-                self.graphs[key] = StepGraph(self.pool, lambda rows: self.steps.run(key, rows),
-                                             self.steps.padding_input(key, self.device))
+    def launch(self, key: StepKey, host_input: torch.Tensor, timed: bool = False) -> Launched:
+        """Run the step `key` on `host_input` (timed: between two device events, CUDA only)."""
+        if self.use_cuda_graphs and key not in self.graphs:
+            self.graphs[key] = StepGraph(self.pool, lambda rows: self.steps.run(key, rows),
+                                         self.steps.padding_input(key, self.device))
+        cuda = self.device.type == "cuda"
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if timed and cuda \
+            else None
+        if events:
+            events[0].record()
+        start = time.perf_counter()
+        if self.use_cuda_graphs:
             out = self.graphs[key].run(host_input, self.upload)
-        return self.fetch(out)
+        else:
+            out = self.steps.run(key, self.upload(host_input))
+        if events:
+            events[1].record()
+        timer = events if cuda else ((start, time.perf_counter()) if timed else None)
+        return Launched(*self.fetch(out), timer)
+
+    def time_padding(self, key: StepKey, replays: int = 5) -> float:
+        """Median device ms of the step `key` on its all-padding input (it writes nothing but the scratch
+        slot, so it may run at any time): what a cost table starts from before real steps are timed."""
+        pad = self.steps.padding_input(key, torch.device("cpu"))
+        times = []
+        for _ in range(replays + 1):
+            step = self.launch(key, pad, timed=True)
+            if step.ready is not None:
+                step.ready.synchronize()
+            times.append(step.device_ms())
+        times = sorted(t for t in times[1:] if t is not None)
+        return times[len(times) // 2] if times else float("nan")
 
     def upload(self, host: torch.Tensor, dst: torch.Tensor | None = None) -> torch.Tensor:
         """host -> device without a host sync (through pinned memory on CUDA), into `dst` when given."""

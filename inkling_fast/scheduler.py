@@ -18,6 +18,13 @@ wait, book it), token for token and record for record.
     book      the emitted tokens and a CycleRecord per live row, built as inkling_ref.generate builds
               them; a finished sequence frees its slot
 
+With a depth policy (num_speculative_tokens="auto": inkling_ref.decoding.adaptive) the k of each cycle
+is the policy's choice for the batch it launches: the policy sees every cycle's measured device time
+and accepted counts when the cycle is booked. Prefill passes run at the largest k, so that every depth
+starts from the prompt. Before a cycle at another k than the one in flight, the scheduler books what is
+in flight (one wait: the only one k changes add), then launches the catch-up passes the depths need
+(catchup.py) and the cycle.
+
 Host timings of each step land in `StepTiming`s; nothing here changes what a step computes.
 """
 
@@ -30,31 +37,36 @@ from dataclasses import dataclass, field
 
 import torch
 
+from inkling_ref.decoding.adaptive import DepthPolicy, FixedDepth
 from inkling_ref.decoding.generation import CycleRecord, Uniforms
 
-from .graphs import StepRunner
+from .catchup import DepthRows, catchup_passes
+from .graphs import Launched, StepRunner
 from .prefill_plan import plan_prefill_pass
-from .step_io import PASS, PASS_COLUMNS, PASS_RESULT, CycleColumns, CycleKey, Decoding, PassColumns, PrefillKey
+from .step_io import (PASS, PASS_COLUMNS, PASS_RESULT, CatchupKey, CycleColumns, CycleKey, Decoding, PassColumns,
+                      PrefillKey)
 
 
 @dataclass(frozen=True)
 class Request:
-    """One checked `generate` call: its prompts, a limit of new tokens per prompt, how it decodes, a
-    seed per sequence and the EOS id (None: none)."""
+    """One checked `generate` call: its prompts, a limit of new tokens per prompt, how it decodes (k: the
+    most drafts a cycle makes), a seed per sequence, the EOS id (None: none), and the policy that
+    picks each cycle's k (None: k throughout)."""
     prompts: list[list[int]]
     max_new_tokens: list[int]
     decoding: Decoding
     seeds: list[int]
     eos_token_id: int | None
+    policy: DepthPolicy | None = None
 
 
 @dataclass
 class StepTiming:
     """Host-side timing of one step of the last `generate` (time.perf_counter seconds)."""
-    kind: str               # "prefill" (one batched pass) or "cycle"
-    shape: tuple            # prefill: (B, T), the captured pass; cycle: (B,)
-    rows: int               # prefill: prompt chunks in the pass; cycle: rows that ran live
-    tokens: int             # prefill: prompt tokens in the pass; cycle: tokens emitted
+    kind: str               # "prefill" (one batched pass), "cycle" or "catchup" (a catch-up pass)
+    shape: tuple            # prefill, catchup: (B, T), the captured pass; cycle: (B,)
+    rows: int               # prefill: prompt chunks in the pass; cycle: rows that ran live; catchup: sequences
+    tokens: int             # prefill: prompt tokens in the pass; cycle: tokens emitted; catchup: rows redone
     launched_s: float       # when the host began to launch it
     ready_s: float = math.nan   # when its result array was on the host (after the wait)
     host_s: float = 0.0     # host time spent on it outside the wait: launching and booking
@@ -76,16 +88,16 @@ class Sequence:
     cycles: list[CycleRecord] = field(default_factory=list)
     first_s: float = math.nan               # when x_L was booked (time.perf_counter)
     done_s: float = math.nan                # when the step that finished it was booked
+    rows: DepthRows = field(default_factory=DepthRows)   # its depths' caches, as far as the host knows
 
 
 @dataclass
 class LaunchedStep:
     """A launched step: its batch rows' sequences and its result on its way to the host."""
-    key: CycleKey | PrefillKey
+    key: CycleKey | PrefillKey | CatchupKey
     seqs: list[Sequence]
     last: list[bool]                        # prefill: the row's chunk ends its prompt
-    host: torch.Tensor
-    event: object                           # torch.cuda.Event, None on the CPU
+    launched: Launched                      # its result on the way, the event to wait on, its timer
     timing: StepTiming
 
 
@@ -99,6 +111,8 @@ class Scheduler:
         self.batch_sizes, self.prefill_lengths, self.prefill_tokens = batch_sizes, prefill_lengths, prefill_tokens
         self.reference_uniforms = reference_uniforms
         self.timings: list[StepTiming] = []
+        self.policy: DepthPolicy | None = None
+        self.adaptive = False
 
     def batch_size_for(self, num_sequences: int) -> int:
         """The smallest captured batch size that holds `num_sequences`."""
@@ -116,7 +130,8 @@ class Scheduler:
 
     def run(self, request: Request, overlap: bool) -> list[Sequence]:
         """Decode every sequence of `request` to its end; returns them with their tokens and records."""
-        dec = request.decoding
+        dec, self.policy = request.decoding, request.policy
+        self.adaptive = self.policy is not None and not isinstance(self.policy, FixedDepth)
         seqs = self.sequences(request)
         self.timings = []
         waiting = deque(seqs)
@@ -124,34 +139,79 @@ class Scheduler:
         pending: list[Sequence] = []             # admitted; prompt chunks still to launch
         decoding: dict[int, Sequence] = {}       # slot -> sequence: prompt launched, not known to be finished
         inflight: deque[LaunchedStep] = deque()
-        after_pass = False
+        after_pass, k_last = False, None
+
+        def book(step: LaunchedStep) -> None:
+            for seq in self.book(step):
+                decoding.pop(seq.slot, None)
+                free.append(seq.slot)
+
         while waiting or pending or decoding or inflight:
             while waiting and free:
                 seq = waiting.popleft()
                 self.admit(seq, free.pop())
                 pending.append(seq)
-            step = None
+            steps = []
             if pending and not (decoding and after_pass):      # running sequences wait one pass at most
                 step = self.launch_prefill(pending, dec)
                 for seq, last in zip(step.seqs, step.last):
                     if last and seq.stop > len(seq.prompt) + 1:      # max_new_tokens = 1: x_L is all
                         decoding[seq.slot] = seq
                 pending = [s for s in pending if s.prefilled < len(s.prompt)]
-                after_pass = True
+                steps, after_pass = [step], True
             elif decoding:
-                step = self.launch_cycle(list(decoding.values()), dec)
-                after_pass = False
-            if step is not None:
+                batch = list(decoding.values())
+                k = self.next_k(batch, dec.k, k_last)
+                if self.adaptive and any(p != k for seq in batch for p in seq.rows.pending):
+                    while inflight:                            # a change of k: book what is in flight first
+                        book(inflight.popleft())
+                    batch = [seq for seq in batch if decoding.get(seq.slot) is seq]
+                if batch:
+                    cycle = Decoding(k, dec.params, dec.draft_sampling)
+                    steps = self.launch_catchup(batch, k) + [self.launch_cycle(batch, cycle)]
+                    k_last, after_pass = k, False
+            for step in steps:
                 inflight.append(step)
                 self.timings.append(step.timing)
-            while inflight and (step is None or len(inflight) > int(overlap)):
-                for seq in self.book(inflight.popleft()):
-                    decoding.pop(seq.slot, None)
-                    free.append(seq.slot)
+            while inflight and (not steps or len(inflight) > int(overlap)):
+                book(inflight.popleft())
         return seqs
+
+    def next_k(self, batch: list[Sequence], k: int, current: int | None) -> int:
+        """The k of the next cycle of `batch`: the request's k, or its policy's choice."""
+        if self.policy is None:
+            return k
+        catchup = {j: max(seq.rows.missing(j)[1] for seq in batch) for j in range(self.policy.max_k + 1)} \
+            if self.adaptive else None
+        remaining = max(seq.stop - len(seq.prompt) - len(seq.out) for seq in batch)
+        return self.policy.choose(len(batch), self.batch_size_for(len(batch)), remaining, current, catchup)
+
+    def launch_catchup(self, batch: list[Sequence], k: int) -> list[LaunchedStep]:
+        """The catch-up passes depths 0..k-1 need before a cycle of `batch` at k (catchup.py); none with
+        a fixed k."""
+        needs = [seq.rows.missing(k) for seq in batch] if self.adaptive else []
+        if not any(count for _, count in needs):
+            return []
+        T, passes = catchup_passes(needs)
+        B, steps = self.batch_size_for(len(batch)), []
+        key = CatchupKey(B, T, Decoding(k))
+        for rows in passes:
+            t0 = time.perf_counter()
+            host = torch.zeros(B, 3, dtype=torch.int64)
+            host[:, 0] = self.scratch
+            for b, (seq, (first, count)) in enumerate(zip(batch, rows)):
+                host[b] = torch.tensor([seq.slot, first, count])
+            launched = self.runner.launch(key, host, timed=True)
+            timing = StepTiming("catchup", (B, T), sum(c > 0 for _, c in rows), sum(c for _, c in rows), t0,
+                                host_s=time.perf_counter() - t0)
+            steps.append(LaunchedStep(key, batch, [], launched, timing))
+        for seq in batch:
+            seq.rows.caught_up(k)
+        return steps
 
     def prefill(self, seqs: list[Sequence], slots: list[int], dec: Decoding) -> None:
         """Admit `seqs` into `slots` and run their batched prefill passes, booking each (x_L in seq.out)."""
+        self.policy, self.adaptive = None, False
         for seq, slot in zip(seqs, slots):
             self.admit(seq, slot)
         pending, steps = list(seqs), []
@@ -190,34 +250,42 @@ class Scheduler:
             seq.prefilled = c1
             last.append(c1 == L)
         key = PrefillKey(B, T, dec)
-        host, event = self.runner.launch(key, rows)
+        launched = self.runner.launch(key, rows)
+        for seq, done in zip(seqs, last):
+            if done and self.adaptive:
+                seq.rows.after_prefill(len(seq.prompt), dec.k, self.policy.max_k)
         timing = StepTiming("prefill", (B, T), len(seqs), int(rows[:, PASS.length].sum()), t0,
                             host_s=time.perf_counter() - t0)
-        return LaunchedStep(key, seqs, last, host, event, timing)
+        return LaunchedStep(key, seqs, last, launched, timing)
 
-    def launch_slots(self, slots: list[int], dec: Decoding) -> tuple[CycleKey, torch.Tensor, object]:
-        """Launch one cycle of the sequences in `slots`, padded to the next captured batch size; returns
-        its key, and its result on its way to the host with the event to wait on."""
+    def launch_slots(self, slots: list[int], dec: Decoding, timed: bool = False) -> tuple[CycleKey, Launched]:
+        """Launch one cycle of the sequences in `slots`, padded to the next captured batch size."""
         B = self.batch_size_for(len(slots))
         key = CycleKey(B, dec)
-        return (key, *self.runner.launch(key, torch.tensor(slots + [-1] * (B - len(slots)), dtype=torch.int32)))
+        return key, self.runner.launch(key, torch.tensor(slots + [-1] * (B - len(slots)), dtype=torch.int32), timed)
 
     def launch_cycle(self, seqs: list[Sequence], dec: Decoding) -> LaunchedStep:
-        """Launch one cycle of `seqs`."""
+        """Launch one cycle of `seqs` (timed on the device when a policy learns from it)."""
         t0 = time.perf_counter()
-        key, host, event = self.launch_slots([s.slot for s in seqs], dec)
+        key, launched = self.launch_slots([s.slot for s in seqs], dec, timed=self.adaptive)
+        if self.adaptive:
+            for seq in seqs:
+                seq.rows.pending.append(dec.k)
         timing = StepTiming("cycle", (key.batch_size,), 0, 0, t0, host_s=time.perf_counter() - t0)
-        return LaunchedStep(key, seqs, [], host, event, timing)
+        return LaunchedStep(key, seqs, [], launched, timing)
 
     def book(self, step: LaunchedStep) -> list[Sequence]:
         """Wait for a step's result and book it; returns the sequences that finished with it."""
-        if step.event is not None:
-            step.event.synchronize()
+        if step.launched.ready is not None:
+            step.launched.ready.synchronize()
         t = step.timing
         t.ready_s = time.perf_counter()
-        rows = step.host.tolist()
+        rows = step.launched.host.tolist()
         finished = []
-        if isinstance(step.key, PrefillKey):
+        if isinstance(step.key, CatchupKey):
+            self.policy.observe_cost(step.key.batch_size, step.key.decoding.k, step.launched.device_ms(),
+                                     catchup_rows=step.key.length)
+        elif isinstance(step.key, PrefillKey):
             for seq, row, last in zip(step.seqs, rows, step.last):
                 if last:
                     seq.out.append(row[PASS_RESULT.first])
@@ -226,7 +294,7 @@ class Scheduler:
                         finished.append(seq)
         else:
             k = step.key.decoding.k
-            c = CycleColumns(k)
+            c, counted = CycleColumns(k), []
             for seq, row in zip(step.seqs, rows):
                 if row[c.live]:                       # else: finished in an earlier cycle, a padding row here
                     record = CycleRecord.of_cycle(k, row[c.drafts: c.drafts + row[c.k_eff]], row[c.a], row[c.b],
@@ -237,6 +305,13 @@ class Scheduler:
                     t.tokens += row[c.emitted]
                     if row[c.done]:
                         finished.append(seq)
+                    if record.counted:
+                        counted.append(record.accepted)
+                if self.adaptive:
+                    seq.rows.after_cycle(k, row[c.a]) if row[c.live] else seq.rows.pending.pop(0)
+            if self.adaptive:
+                self.policy.observe(k, counted)
+                self.policy.observe_cost(step.key.batch_size, k, step.launched.device_ms())
         for seq in finished:
             seq.done_s = t.ready_s
         t.host_s += time.perf_counter() - t.ready_s

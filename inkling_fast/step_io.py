@@ -8,6 +8,9 @@ captured per key (graphs.py), and the data that changes from call to call travel
     PrefillKey(batch_size, length, decoding)  pass input: int64 [B, PASS_COLUMNS + T + k], a row per chunk
                                               (PassColumns, then the chunk's tokens)
                                               result: int64 [B, 2], columns PassResult
+    CatchupKey(batch_size, length, decoding)  catch-up input: int64 [B, 3], a row per sequence: slot, the
+                                              first row c0, the rows to recompute (<= length)
+                                              result: int64 [B, 1], the rows recomputed
 
 `Decoding` is what a step computes besides its shapes: k drafts per cycle and how tokens are chosen.
 """
@@ -59,7 +62,15 @@ class PrefillKey(NamedTuple):
     decoding: Decoding
 
 
-StepKey = CycleKey | PrefillKey
+class CatchupKey(NamedTuple):
+    """One catch-up pass: depths 0..k-1 recompute up to `length` rows per sequence before a cycle at k
+    (rows a smaller k, or an acceptance longer than k, left behind)."""
+    batch_size: int
+    length: int
+    decoding: Decoding
+
+
+StepKey = CycleKey | PrefillKey | CatchupKey
 
 
 @dataclass

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from . import speculative as S
+from .adaptive import CycleCosts, DepthPolicy, depth_policy
 from ..io.config import InklingConfig, is_int
 from ..model.model import InklingModel
 from .sampling import DRAFT_SAMPLING, SamplingParams, draft_params, probs, rejection_sample, sample
@@ -35,20 +37,21 @@ class CycleRecord:
     accepted: int          # a
     emitted: list[int]     # the tokens this cycle appended (accepted drafts, then b; cut at EOS)
     counted: bool          # in the statistics: used the full k and emitted no EOS
+    planned: int = -1      # the k the cycle ran with (k_eff is less near the end of a sequence)
 
     @classmethod
     def of_cycle(cls, k: int, drafts: list[int], accepted: int, next_token: int,
                  eos_token_id: int | None) -> "CycleRecord":
-        """The record of a cycle that made len(drafts) = k_eff <= k drafts, accepted `accepted` of
-        them and then appended `next_token` (the correction or the bonus). Emitted tokens stop at
-        EOS; the cycle counts in the statistics if it used the full k and emitted no EOS. The
+        """The record of a cycle run with k drafts that made len(drafts) = k_eff <= k of them, accepted
+        `accepted` and then appended `next_token` (the correction or the bonus). Emitted tokens stop
+        at EOS; the cycle counts in the statistics if it used the full k and emitted no EOS. The
         reference and the fast engine both write their records with this."""
         emitted = list(drafts[:accepted]) + [next_token]
         hit_eos = eos_token_id is not None and eos_token_id in emitted
         if hit_eos:
             emitted = emitted[: emitted.index(eos_token_id) + 1]
         return cls(k=len(drafts), drafts=list(drafts), accepted=accepted, emitted=emitted,
-                   counted=len(drafts) == k and not hit_eos)
+                   counted=len(drafts) == k and not hit_eos, planned=k)
 
 
 @dataclass
@@ -58,20 +61,34 @@ class AcceptanceStats:
     acceptance_length: float                           # mean(a + 1)
     per_position: dict[int, float] = field(default_factory=dict)   # j -> #(a >= j) / #cycles
     conditional: dict[int, float] = field(default_factory=dict)    # j -> #(a >= j) / #(a >= j-1)
+    k_used: dict[int, int] = field(default_factory=dict)           # k -> cycles run with it (all cycles)
 
     @classmethod
     def from_cycles(cls, k: int, cycles: list[CycleRecord]) -> "AcceptanceStats":
-        a = [c.accepted for c in cycles if c.counted]
+        """Over the counted cycles. When their k varies (num_speculative_tokens="auto"), position j is
+        judged over the counted cycles that made at least j drafts: per_position[j] = #(a >= j) /
+        #(cycles with k >= j); with one k throughout that is the spec's #(a >= j) / #cycles."""
+        counted = [c for c in cycles if c.counted]
+        a = [c.accepted for c in counted]
         n = len(a)
 
         def ratio(x, y):
             return x / y if y else math.nan
 
-        at_least = [sum(1 for x in a if x >= j) for j in range(k + 1)]  # at_least[0] = n
+        reach = [sum(1 for c in counted if c.k >= j) for j in range(k + 1)]          # cycles with >= j drafts
+        at_least = [sum(1 for c in counted if c.k >= j and c.accepted >= j) for j in range(k + 1)]
+        below = [sum(1 for c in counted if c.k >= j and c.accepted >= j - 1) for j in range(k + 1)]
+        used = Counter(c.planned if c.planned >= 0 else c.k for c in cycles)
         return cls(k=k, num_cycles=n,
                    acceptance_length=ratio(sum(x + 1 for x in a), n),
-                   per_position={j: ratio(at_least[j], n) for j in range(1, k + 1)},
-                   conditional={j: ratio(at_least[j], at_least[j - 1]) for j in range(1, k + 1)})
+                   per_position={j: ratio(at_least[j], reach[j]) for j in range(1, k + 1)},
+                   conditional={j: ratio(at_least[j], below[j]) for j in range(1, k + 1)},
+                   k_used=dict(sorted(used.items(), key=lambda kv: -kv[1])))
+
+    def by_k(self, cycles: list[CycleRecord]) -> dict[int, "AcceptanceStats"]:
+        """The statistics of the cycles run with each k."""
+        return {k: AcceptanceStats.from_cycles(k, [c for c in cycles if (c.planned if c.planned >= 0 else c.k) == k])
+                for k in sorted(self.k_used)}
 
 
 @dataclass
@@ -198,8 +215,10 @@ def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int | lis
             raise ValueError(f"{named('max_new_tokens')} must be an integer, got {_describe(n)}")
         if n < 1:
             raise ValueError(f"{named('max_new_tokens')} must be >= 1, got {n}")
+    if k == "auto" or isinstance(k, DepthPolicy):
+        k = limits.depths if k == "auto" else k.max_k       # "auto" chooses among every depth loaded
     if not is_int(k):
-        raise ValueError(f"{named('num_speculative_tokens')} must be an integer, got {_describe(k)}")
+        raise ValueError(f"{named('num_speculative_tokens')} must be an integer or \"auto\", got {_describe(k)}")
     if k < 0:
         raise ValueError(f"{named('num_speculative_tokens')} must be >= 0 (0 = plain decoding), got {k}")
     if k > limits.depths:
@@ -229,10 +248,11 @@ def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int | lis
 
 
 @torch.no_grad()
-def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k: int,
+def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, policy: DepthPolicy,
                  params: SamplingParams, draft_sampling: str, uniforms: Uniforms,
                  eos_token_id: int | None) -> tuple[list[int], list[CycleRecord]]:
-    """One sequence: prefill, then cycles until max_new_tokens or EOS."""
+    """One sequence: prefill, then cycles until max_new_tokens or EOS, each with the k `policy` chooses
+    (told the cost of each cycle, and of the rows a larger k would recompute first)."""
     def pick(logits, u):
         return int(logits.argmax()) if params.greedy else sample(probs(logits, params), u)
 
@@ -242,9 +262,12 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k:
     out = [state.tokens[-1]]
     cycles: list[CycleRecord] = []
     max_len = model.config.max_position_embeddings
+    k = None
     while len(out) < max_new_tokens and out[-1] != eos_token_id:
         remaining = max_new_tokens - len(out)
+        k = policy.choose(1, 1, remaining, k, {j: S.catchup_rows(state, j) for j in range(policy.max_k + 1)})
         k_eff = min(k, remaining - 1, max_len - state.n)  # verify writes positions n-1 .. n-1+k_eff
+        t0 = time.perf_counter()
         sampled_drafts = draft_sampling != "greedy" and not params.greedy
         u_draft = uniforms(k_eff) if sampled_drafts else [0.0] * k_eff
         if sampled_drafts:
@@ -252,7 +275,9 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k:
         else:
             select = S.greedy_select
         d = S.draft(model, state, k_eff, select)
+        t1 = time.perf_counter()
         v = S.verify(model, state, d.tokens)
+        t2 = time.perf_counter()
         if params.greedy:
             a, b = S.accept_greedy(d.tokens, v.logits)
         else:
@@ -260,19 +285,61 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, k:
             q = probs(d.logits, q_params)                                         # [k, V]; one-hot if greedy
             u_acc = uniforms(k_eff)
             a, b = rejection_sample(p, q, d.tokens, u_acc, uniforms(1)[0])
+        extra = max(0, state.n - 2 - k_eff - d.window_start)                   # rows of a catch-up
         S.commit(state, d.tokens, a, b, v)
         record = CycleRecord.of_cycle(k, d.tokens, a, b, eos_token_id)
         out += record.emitted
         cycles.append(record)
+        if k_eff == k:
+            share = (k + 1) / (k + 1 + extra)                                # the window's part of the draft
+            policy.observe_cost(1, k, (t1 - t0) * share * 1e3 + (t2 - t1) * 1e3)
+            if extra:
+                policy.observe_cost(1, k, (t1 - t0) * (1 - share) * 1e3, catchup_rows=extra)
+            if record.counted:
+                policy.observe(k, [a])
     return out, cycles
 
 
-def generate(model: InklingModel, prompt_ids, max_new_tokens: int, num_speculative_tokens: int = 0,
-             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             draft_sampling: str = "greedy", seed: int | None = None,
-             eos_token_id: int | None = None) -> GenerationResult:
+def reference_costs(model: InklingModel, max_k: int) -> CycleCosts:
+    """The reference's own cycle costs at batch 1 for k = 0..max_k, from one timed trunk pass and one
+    timed depth pass at 1 and at max_k + 1 rows (a line in the rows between): cycle(k) = verify(k+1 rows)
+    + k * depth(k+1 rows). `generate` measures this before an adaptive run and refines it as it decodes."""
+    device = next(model.parameters()).device
+    ids = torch.zeros(1, max_k + 1, dtype=torch.long, device=device)
+
+    def timed(fn, rows) -> float:
+        fn(rows)                                                        # once untimed: first-call costs
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        fn(rows)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - t) * 1e3
+
+    def trunk(rows):
+        model.trunk(ids[:, :rows])
+
+    def depth(rows):
+        model.mtp_depth(0, model.trunk.embed_tokens(ids[:, :rows]), ids[:, :rows])
+
+    costs = CycleCosts()
+    v1, vk = timed(trunk, 1), timed(trunk, max_k + 1)
+    d1, dk = (timed(depth, 1), timed(depth, max_k + 1)) if max_k and model.num_mtp_depths else (0.0, 0.0)
+    for k in range(max_k + 1):
+        f = k / max_k if max_k else 0.0
+        costs.add(costs.cycles, (1, k), v1 + f * (vk - v1) + k * (d1 + f * (dk - d1)))
+    return costs
+
+
+def generate(model: InklingModel, prompt_ids, max_new_tokens: int,
+             num_speculative_tokens: int | str | DepthPolicy = 0, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, draft_sampling: str = "greedy",
+             seed: int | None = None, eos_token_id: int | None = None) -> GenerationResult:
     """Decode `max_new_tokens` new tokens for each prompt with k = num_speculative_tokens drafts
-    per cycle (k = 0: plain decoding). `prompt_ids`: one prompt (a list of ints, a [T] integer tensor
+    per cycle (k = 0: plain decoding; "auto": each cycle the k with the most expected tokens per ms,
+    from the reference's own measured pass costs and the acceptance seen so far (adaptive.py); or a
+    DepthPolicy of adaptive.py). `prompt_ids`: one prompt (a list of ints, a [T] integer tensor
     or array) or a batch (a list of them, a [B, T] tensor or array). Bad arguments raise ValueError
     naming the argument and what is valid (see `validate`).
     draft_sampling (temperature > 0 only): "greedy" drafts (one-hot q), "sample" (drafts from the
@@ -285,13 +352,16 @@ def generate(model: InklingModel, prompt_ids, max_new_tokens: int, num_speculati
     validate(Limits.of_model(model), prompts, max_new_tokens, num_speculative_tokens, draft_sampling, seed,
              eos_token_id)
     t0 = time.perf_counter()
+    policy = depth_policy(num_speculative_tokens, model.num_mtp_depths)
+    if num_speculative_tokens == "auto":
+        policy.costs = reference_costs(model, policy.max_k)
     token_ids, cycles = [], []
     for i, prompt in enumerate(prompts):
         uniforms = Uniforms(None if seed is None else sequence_seed(seed, i))
-        out, recs = generate_one(model, prompt, max_new_tokens, num_speculative_tokens, params,
-                                 draft_sampling, uniforms, eos_token_id)
+        out, recs = generate_one(model, prompt, max_new_tokens, policy, params, draft_sampling, uniforms,
+                                 eos_token_id)
         token_ids.append(out)
         cycles.append(recs)
     elapsed = time.perf_counter() - t0
-    stats = AcceptanceStats.from_cycles(num_speculative_tokens, [c for seq in cycles for c in seq])
+    stats = AcceptanceStats.from_cycles(policy.max_k, [c for seq in cycles for c in seq])
     return GenerationResult(token_ids=token_ids, cycles=cycles, stats=stats, elapsed_s=elapsed)

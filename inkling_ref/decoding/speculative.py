@@ -144,6 +144,14 @@ def draft(model: InklingModel, state: DecodeState, k: int, select: DraftSelector
     return DraftResult(tokens=drafts, logits=logits, window_start=w0)
 
 
+def catchup_rows(state: DecodeState, k: int) -> int:
+    """Rows before the window [n-2-k, n-2] that depths 0..k-1 must recompute first: those a long
+    acceptance or a smaller k left behind (`draft` covers them by starting its window earlier)."""
+    if k == 0:
+        return 0
+    return max(0, (state.n - 2 - k) - min(state.depth_valid[:k]))
+
+
 @torch.no_grad()
 def verify(model: InklingModel, state: DecodeState, drafts: list[int]) -> VerifyResult:
     """Run the trunk on [x_{n-1}, d_1, .., d_k] at positions n-1 .. n-1+k (on top of its cache).

@@ -170,7 +170,7 @@ def assert_first_three_tokens_follow_the_trunk(model, result, prompt: list[int],
 
 def ring_sizes(engine: Engine) -> list[int]:
     return [c.capacity[f] for c in engine.trunk_caches + engine.depth_caches for f in FIELDS
-            if c.capacity[f] < engine.max_seq_len] + [engine.steps.hidden_rows]
+            if c.capacity[f] < engine.max_seq_len]
 
 
 @pytest.fixture(scope="module")
@@ -285,8 +285,8 @@ def run_scripted_cycles(engine: Engine, model, prompt: list[int], k: int, script
         with torch.no_grad():
             H = model.hidden(torch.tensor([tokens[:-1]], device=dev))[0]  # H_0 .. H_{n-2}
         window = [p for p in range(n - 2 - k, n - 1) if p >= 0]
-        got = engine.state.hidden[slot, torch.tensor(window, device=dev) % engine.steps.hidden_rows]
-        assert_close(got, H[window], tol, f"cycle {cycle}: hidden ring")
+        got = engine.state.hidden[slot, torch.tensor(window, device=dev)]
+        assert_close(got, H[window], tol, f"cycle {cycle}: hidden rows")
 
         engine.steps.verify(batch, dec)
         b = rng.randrange(V)
@@ -383,10 +383,10 @@ def assert_prefill_state(engine: Engine, slot: int, prompt: list[int], k: int, s
         rows = intact(engine.depth_caches[m], L - 2 - k, L - 2 - k, engine.max_seq_len)
         same(engine.depth_caches[m], slot, other.depth_caches[m], other_slot, rows, f"slot {slot}, depth {m}")
         compare_rows(engine.depth_caches[m], oracle[m], slot, rows, f"slot {slot}, depth {m} vs reference", TOL)
-    window = list(range(max(0, L - 1 - k), L))
-    ring = torch.tensor(window, device=dev) % engine.steps.hidden_rows
+    window = list(range(L))                                             # every prompt position's H
+    ring = torch.tensor(window, device=dev)
     for got, what in ((st.hidden[slot, ring], "engine"), (other.state.hidden[other_slot, ring], "per-sequence")):
-        assert ((got - H[window]).norm() / H[window].norm()).item() <= TOL, f"slot {slot}: hidden ring ({what})"
+        assert ((got - H[window]).norm() / H[window].norm()).item() <= TOL, f"slot {slot}: hidden rows ({what})"
 
 
 def test_batched_prefill_equals_sequence_prefill(model):

@@ -1,0 +1,237 @@
+"""Choosing k, the number of drafts, cycle by cycle (`num_speculative_tokens="auto"`).
+
+A cycle with k drafts gains L(k) tokens per sequence on average and costs cost(B, k) milliseconds for
+a batch padded to B rows, so the k worth running is the one with the most expected tokens per ms:
+
+    rate(k)  = live * L(k) / cost(B, k)                     live: sequences in the batch, B its padded size
+    L(k)     = 1 + sum_{j=1..k} c_1 * c_2 * ... * c_j       acceptance length
+    c_j      = P(draft j accepted | drafts 1..j-1 accepted)  conditional acceptance of position j
+
+Acceptance alone cannot pick k: the same c_j favour k = 8 where a cycle costs about the same for any
+k (small batches, where reading the weights dominates) and k = 0 where each extra draft costs a
+sequential depth pass over many rows (large batches). So the cost table is per batch size and k.
+
+Acceptance is learned as it decodes: c_j ~ Beta(1 + accepted_j, 1 + rejected_j), counted over the cycles
+that reached position j. Each decision draws c from these posteriors (Thompson sampling) instead of
+taking their means: a position never reached has a wide posterior, so a larger k is still tried now
+and then, in proportion to how likely it is to be the best; once tried, its counts settle the question.
+
+Costs are measured, never constants: the fast engine times its captured cycles (at setup, then every
+cycle on the device), the reference its own passes. A cost never measured is estimated from those
+measured at the same batch size (a line in k) or at the nearest batch size.
+
+Switching to a larger k has a price: depths that did not run while k was smaller (and rows that a long
+acceptance left behind) must catch up before they draft (their missing rows recomputed from the
+committed tokens). `choose` is told how many rows that is for each k and charges their estimated cost
+once, over the cycles the decision will hold (`interval`, or fewer when the sequences are about to end).
+
+    DepthPolicy           the interface both engines drive: choose, observe, observe_cost
+    FixedDepth(k)         always k
+    ScriptedDepths(ks)    k from a list, cycle after cycle (tests)
+    AdaptiveDepth(max_k)  the controller above
+    CycleCosts            the measured cost table
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+class DepthPolicy:
+    """How many drafts the next cycle makes. `max_k`: the depths loaded (the largest k it may return)."""
+    max_k: int = 0
+
+    def choose(self, live: int, batch: int, remaining: int, current: int | None,
+               catchup_rows: dict[int, int] | None = None) -> int:
+        """k for the next cycle of `live` sequences padded to `batch` rows; `remaining`: the most new tokens
+        any of them may still emit; `current`: the k of the last cycle (None before the first);
+        catchup_rows[k]: rows the depths must recompute before a cycle at k (0 or absent: none)."""
+        raise NotImplementedError
+
+    def observe(self, k: int, accepted: list[int]) -> None:
+        """The accepted counts a of the rows of a cycle that made all k drafts."""
+
+    def observe_cost(self, batch: int, k: int, ms: float, catchup_rows: int = 0) -> None:
+        """A measured cycle (catchup_rows = 0) or catch-up pass (of that many rows at k) at `batch` rows."""
+
+
+@dataclass
+class FixedDepth(DepthPolicy):
+    k: int
+
+    def __post_init__(self):
+        self.max_k = self.k
+
+    def choose(self, live, batch, remaining, current, catchup_rows=None) -> int:
+        return self.k
+
+
+@dataclass
+class ScriptedDepths(DepthPolicy):
+    """ks[0] for the first cycle, ks[1] for the second, ...; the last entry for every cycle after."""
+    ks: list[int]
+    calls: int = 0
+
+    def __post_init__(self):
+        if not self.ks or any(not isinstance(k, int) or k < 0 for k in self.ks):
+            raise ValueError(f"ScriptedDepths needs a non-empty list of integers >= 0, got {self.ks!r}")
+        self.max_k = max(self.ks)
+
+    def choose(self, live, batch, remaining, current, catchup_rows=None) -> int:
+        k = self.ks[min(self.calls, len(self.ks) - 1)]
+        self.calls += 1
+        return k
+
+
+@dataclass
+class CycleCosts:
+    """Measured milliseconds: cycles per (batch, k), and catch-up passes per (batch, k) per row. Each entry
+    is a running mean that follows the latest measurements (`weight` for a new one once there are a few)."""
+    cycles: dict[tuple[int, int], float] = field(default_factory=dict)
+    catchup: dict[tuple[int, int], float] = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)
+    weight: float = 0.2
+
+    def add(self, table: dict, key: tuple[int, int], ms: float) -> None:
+        if not (ms > 0 and math.isfinite(ms)):
+            return
+        n = self.counts[(id(table), key)] = self.counts[(id(table), key)] + 1
+        old = table.get(key)
+        table[key] = ms if old is None else old + max(self.weight, 1 / n) * (ms - old)
+
+    def cycle_ms(self, batch: int, k: int) -> float | None:
+        """Measured, or estimated: a line through the measured ks of this batch size (one measured k: the
+        slope of the nearest batch size that has two), else the nearest measured batch size's value."""
+        if (batch, k) in self.cycles:
+            return self.cycles[(batch, k)]
+        if not self.cycles:
+            return None
+        sizes = sorted({b for b, _ in self.cycles}, key=lambda b: (abs(math.log(b / batch)), b))
+        here = {kk: ms for (b, kk), ms in self.cycles.items() if b == batch}
+        for b in sizes:
+            line = _line({kk: ms for (bb, kk), ms in self.cycles.items() if bb == b})
+            if line is None:
+                continue
+            if len(here) >= 2:
+                line = _line(here)
+            elif len(here) == 1:
+                (k0, ms0), = here.items()
+                line = (ms0 - line[1] * k0, line[1])
+            return max(1e-6, line[0] + line[1] * k)
+        b = sizes[0]
+        (k0, ms0), = ((kk, ms) for (bb, kk), ms in self.cycles.items() if bb == b)
+        return ms0
+
+    def catchup_ms(self, batch: int, k: int, rows: int) -> float:
+        """A catch-up of `rows` rows through depths 0..k-1: measured per row, else estimated as the draft
+        part of a cycle (cycle(k) - cycle(0), k + 1 rows per depth) per row."""
+        if rows <= 0 or k == 0:
+            return 0.0
+        if (batch, k) in self.catchup:
+            return self.catchup[(batch, k)] * rows
+        with_k, without = self.cycle_ms(batch, k), self.cycle_ms(batch, 0)
+        if with_k is None or without is None:
+            return 0.0
+        return max(0.0, with_k - without) / (k + 1) * rows
+
+
+def _line(points: dict[int, float]) -> tuple[float, float] | None:
+    """Least squares (intercept, slope) of ms against k, or None with fewer than two ks."""
+    if len(points) < 2:
+        return None
+    ks, ms = list(points), list(points.values())
+    mk, mm = sum(ks) / len(ks), sum(ms) / len(ms)
+    slope = sum((a - mk) * (b - mm) for a, b in zip(ks, ms)) / sum((a - mk) ** 2 for a in ks)
+    return mm - slope * mk, slope
+
+
+def acceptance_length(conditional: list[float], k: int) -> float:
+    """L(k) = 1 + sum_{j<=k} prod_{i<=j} c_i."""
+    total, run = 1.0, 1.0
+    for c in conditional[:k]:
+        run *= c
+        total += run
+    return total
+
+
+class AdaptiveDepth(DepthPolicy):
+    """The controller of this module's docstring. costs: measured CycleCosts (filled by the engine);
+    interval: cycles a decision holds before the next one (a new batch size decides at once); seed: the
+    random draws of the acceptance posteriors; memory: how many recent observations per position the
+    counts keep (older ones fade, so that acceptance that drifts over a request is followed)."""
+
+    def __init__(self, max_k: int, costs: CycleCosts | None = None, interval: int = 4, seed: int = 0,
+                 memory: float = 200.0):
+        if not isinstance(max_k, int) or max_k < 0:
+            raise ValueError(f"max_k must be an integer >= 0, got {max_k!r}")
+        self.max_k, self.costs, self.interval, self.memory = max_k, costs or CycleCosts(), interval, memory
+        self.accepted = [0.0] * max_k           # per position j = 1..max_k
+        self.rejected = [0.0] * max_k
+        self.rng = random.Random(seed)
+        self.held = 0                           # cycles since the last decision
+        self.batch: int | None = None
+        self.used: Counter = Counter()          # k -> cycles chosen
+
+    def conditional(self, draw: bool = True) -> list[float]:
+        """c_1..c_max_k: drawn from the Beta posteriors (draw=True), or their means."""
+        if draw:
+            return [self.rng.betavariate(1 + a, 1 + r) for a, r in zip(self.accepted, self.rejected)]
+        return [(1 + a) / (2 + a + r) for a, r in zip(self.accepted, self.rejected)]
+
+    def rates(self, live: int, batch: int, remaining: int, current: int | None, conditional: list[float],
+              catchup_rows: dict[int, int] | None = None) -> dict[int, float]:
+        """Expected tokens per ms of each k whose cost is known, over the cycles the decision would hold,
+        with the catch-up a switch needs charged once."""
+        out = {}
+        for k in range(self.max_k + 1):
+            cost = self.costs.cycle_ms(batch, k)
+            if cost is None:
+                continue
+            L = acceptance_length(conditional, k)
+            cycles = max(1.0, min(float(self.interval), remaining / L))
+            switch = self.costs.catchup_ms(batch, k, (catchup_rows or {}).get(k, 0)) if k != current else 0.0
+            out[k] = live * L * cycles / (cost * cycles + switch)
+        return out
+
+    def choose(self, live, batch, remaining, current, catchup_rows=None) -> int:
+        if current is not None and batch == self.batch and self.held < self.interval:
+            self.held += 1
+            self.used[current] += 1
+            return current
+        rates = self.rates(live, batch, remaining, current, self.conditional(), catchup_rows)
+        k = max(rates, key=rates.get) if rates else self.max_k
+        self.batch, self.held = batch, 1
+        self.used[k] += 1
+        return k
+
+    def observe(self, k: int, accepted: list[int]) -> None:
+        for a in accepted:
+            for j in range(min(a + 1, k)):              # positions 1..a accepted, a + 1 (if <= k) rejected
+                if j < a:
+                    self.accepted[j] += 1
+                else:
+                    self.rejected[j] += 1
+        for j in range(self.max_k):                     # fade: the last `memory` observations count
+            n = self.accepted[j] + self.rejected[j]
+            if n > self.memory:
+                self.accepted[j] *= self.memory / n
+                self.rejected[j] *= self.memory / n
+
+    def observe_cost(self, batch: int, k: int, ms: float, catchup_rows: int = 0) -> None:
+        if catchup_rows:
+            self.costs.add(self.costs.catchup, (batch, k), ms / catchup_rows)
+        else:
+            self.costs.add(self.costs.cycles, (batch, k), ms)
+
+
+def depth_policy(num_speculative_tokens, max_k: int) -> DepthPolicy:
+    """The policy an engine runs for `num_speculative_tokens`: an integer k (FixedDepth), "auto"
+    (AdaptiveDepth over the max_k depths loaded), or a DepthPolicy as it is."""
+    if isinstance(num_speculative_tokens, DepthPolicy):
+        return num_speculative_tokens
+    if num_speculative_tokens == "auto":
+        return AdaptiveDepth(max_k)
+    return FixedDepth(num_speculative_tokens)
