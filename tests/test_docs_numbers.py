@@ -87,6 +87,19 @@ def validation() -> tuple[str, str, str]:
     return (str(sum(abs(r["err"]) <= 0.15 for r in usable)), str(len(usable)), f"{100 * worst['err']:+.1f}")
 
 
+def tree_comparison() -> list[dict]:
+    """The cost model's best chain and best tree per batch for Inkling-Small (notebook 07)."""
+    cm, costs, cfg, _ = model()
+    runs = cm.load_tree_acceptance(json.loads((BENCH / "tree_acceptance.json").read_text()))
+    return cm.compare_trees(costs, cfg, [1, 2, 4, 8, 16, 32, 64], runs)
+
+
+def floor_ms(kind: str, batch: int, T: int) -> float:
+    """A layer's byte floor in ms at the layers section's copy bandwidth (notebook 05 §2)."""
+    cm, costs, cfg, _ = model()
+    return cm.layer_floor_bytes(kind, cfg, batch, T, costs.layers_context) / (section("layers")["copy_gbps"] * 1e9) * 1e3
+
+
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}"
 
@@ -212,13 +225,15 @@ CLAIMS = [
     # notebook 05's prose (its code cells print the rest from the same files)
     Claim(NB05, r"at batch 64 with T = 9 \(576 tokens per layer\) the sliding MoE layer takes ([\d.]+) ms against a "
                 r"byte floor of ([\d.]+) ms",
-          lambda: _t(f"{layer_ms('sliding_moe', 64, 9):.1f}",
-                     f"{model()[0].layer_floor_bytes('sliding_moe', model()[2], 64, 9, model()[1].layers_context) / (section('layers')['copy_gbps'] * 1e9) * 1e3:.1f}")),
+          lambda: _t(f"{layer_ms('sliding_moe', 64, 9):.1f}", f"{floor_ms('sliding_moe', 64, 9):.1f}")),
     Claim(NB05, r"At N = 576 that overstates the LM head by about (\d+) ms of a (\d+) ms verify",
           lambda: _t(round(layer_ms("lm_head_argmax", 576, 1) - note_number(r"at 576 rows ([\d.]+) ms")),
                      round(model()[0].t_verify(model()[1], model()[2], 64, 8)))),
     Claim(NB05, r"a verify pass of 9 tokens reads about (\d+)",
           lambda: _t(round(model()[0].expected_distinct_experts(9)))),
+    # notebook 07's prose: the best tree against the best chain at batch 16 and 32
+    Claim(NB07, r"the extra verified tokens of a grown tree are cheap: it comes out about (\d+) % ahead",
+          lambda: _t(round(100 * max(r["tree_gain"] for r in tree_comparison() if r["batch"] in (16, 32))))),
 ]
 
 
