@@ -97,7 +97,8 @@ def tree_comparison() -> list[dict]:
 def floor_ms(kind: str, batch: int, T: int) -> float:
     """A layer's byte floor in ms at the layers section's copy bandwidth (notebook 05 §2)."""
     cm, costs, cfg, _ = model()
-    return cm.layer_floor_bytes(kind, cfg, batch, T, costs.layers_context) / (section("layers")["copy_gbps"] * 1e9) * 1e3
+    nbytes = cm.layer_floor_bytes(kind, cfg, batch, T, costs.layers_context)
+    return nbytes / (section("layers")["copy_gbps"] * 1e9) * 1e3
 
 
 def ratio(a: float, b: float) -> str:
@@ -139,6 +140,12 @@ def _sizes() -> dict[str, dict[str, int]]:
         parts["total"] = sum(parts.values())
         out[label] = parts
     return out
+
+
+def totals() -> tuple[str, str, str, str]:
+    """(Inkling B params, Inkling-Small B params, Inkling TB, Inkling-Small GB) in bf16, as the prose rounds them."""
+    big, small = sizes()["Inkling"]["total"], sizes()["Inkling-Small"]["total"]
+    return str(round(big / 1e9)), str(round(small / 1e9)), f"{2 * big / 1e12:.1f}", str(round(2 * small / 1e9))
 
 
 def size_row(part: str) -> tuple[str, str, str, str]:
@@ -206,11 +213,9 @@ CLAIMS = [
                           if (r["batch"], r["rows"]) == (1, 1)))),
     # README and docs/real_checkpoints.md: the models' sizes
     Claim(README, r"about (\d+) B and (\d+) B parameters \(text model; ([\d.]+) TB and (\d+) GB in bf16\)",
-          lambda: _t(round(sizes()["Inkling"]["total"] / 1e9), round(sizes()["Inkling-Small"]["total"] / 1e9),
-                     f"{2 * sizes()['Inkling']['total'] / 1e12:.1f}", round(2 * sizes()["Inkling-Small"]["total"] / 1e9))),
+          lambda: totals()),
     Claim(REAL, r"about (\d+) B and (\d+) B parameters in their text models, ([\d.]+) TB and (\d+) GB in bf16",
-          lambda: _t(round(sizes()["Inkling"]["total"] / 1e9), round(sizes()["Inkling-Small"]["total"] / 1e9),
-                     f"{2 * sizes()['Inkling']['total'] / 1e12:.1f}", round(2 * sizes()["Inkling-Small"]["total"] / 1e9))),
+          lambda: totals()),
     *[Claim(REAL, rf"\| {label} \| ([\d.]+) B \| ([\d.]+) GB \| ([\d.]+) B \| ([\d.]+) GB \|",
             (lambda part=part: size_row(part)))
       for label, part in (("trunk without experts \\(attention, short convs, norms, routers, 2 dense MLPs\\)", "trunk"),
@@ -255,7 +260,7 @@ def mismatches(claim: Claim, text: str) -> list[str]:
     """What disagrees between `text` and the data for one claim (empty: they agree)."""
     m = re.search(claim.pattern, text)
     if m is None:
-        return [f"{claim.where}: no text matches {claim.pattern!r} (reworded? update the claim in {Path(__file__).name})"]
+        return [f"{claim.where}: no text matches {claim.pattern!r} (reworded? update its claim in {Path(__file__).name})"]
     want = tuple(claim.source())
     got = m.groups()
     return [f"{claim.where}: {m.group(0)!r} states {g}, the data gives {w}" for g, w in zip(got, want) if g != w]
