@@ -116,7 +116,7 @@ def report(result, k: int, engine: str, dtype: str, setup=None) -> str:
     cycles = [c for seq in result.cycles for c in seq]
     if k == 0:
         lines.append(f"plain decoding: {_count(len(cycles), 'trunk pass', 'trunk passes')} after the prompt, "
-                     "one token each")
+                     "one token each (the first new token comes from the prompt's own pass)")
         return "\n".join(lines)
     short = len(cycles) - s.num_cycles
     lines.append(f"{_count(len(cycles), 'cycle')}: in each the MTP head drafts up to {k} tokens and one trunk pass "

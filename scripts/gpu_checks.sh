@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU check of the project in one device call, in parallel groups (one GPU, 16 CPU cores):
+# Every GPU check of the project in one run, in parallel groups (one GPU, 16 CPU cores):
 #   bash scripts/gpu_checks.sh OUT_DIR
 #   GPU_CHECKS_GROUPS="fast1 attention" bash scripts/gpu_checks.sh OUT_DIR   # only some groups
 # Groups: attention fast3 fast1 many engine engine_bf16 engine_graphs engine_more cli reference sanitizer notebooks
 # (default: all; the engine tests run as three groups, the longest ones on their own).
 # Writes OUT_DIR/<group>.log per group, OUT_DIR/summary.txt (the last lines of each log) and the page
 # of the run, docs/benchmarks/gpu_checks.md (date, GPU, commit, passed / failed / skipped per group),
-# also copied to OUT_DIR/gpu_checks.md (on a machine whose tree is a copy, bring that one back).
+# also copied to OUT_DIR/gpu_checks.md.
 # The commit comes from git, or from $INKLING_COMMIT where the tree has no .git.
 # Notebooks under nbval need the wheels of ../shared/device/fetch-notebook-wheels.sh in .whl.
 set -u

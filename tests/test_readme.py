@@ -1,5 +1,6 @@
 """The README's code runs as written: its Python blocks in order, in one namespace (each block goes on
-from the ones before it, as a reader's session would), and its `inkling-mtp generate` command.
+from the ones before it, as when a reader runs them one after the other), and its `inkling-mtp generate`
+command.
 
 A block whose first line is `# needs a CUDA GPU` runs only where CUDA is (test_gpu_blocks); without a
 GPU that test is skipped with the reason, and the CPU test runs every other block."""
