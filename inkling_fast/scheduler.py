@@ -205,8 +205,9 @@ class Scheduler:
             timing = StepTiming("catchup", (B, T), sum(c > 0 for _, c in rows), sum(c for _, c in rows), t0,
                                 host_s=time.perf_counter() - t0)
             steps.append(LaunchedStep(key, batch, [], launched, timing))
-        for seq in batch:
-            seq.rows.caught_up(k)
+        for seq, (_, count) in zip(batch, needs):
+            if count:
+                seq.rows.caught_up(k)
         return steps
 
     def prefill(self, seqs: list[Sequence], slots: list[int], dec: Decoding) -> None:

@@ -32,6 +32,19 @@ def integer(lo: int):
     return parse
 
 
+def depth_count(text: str):
+    """argparse type of --k: "auto" or an integer >= 0."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        v = int(text)
+    except ValueError:
+        v = None
+    if v is None or v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or auto, got {text!r}")
+    return v
+
+
 def number(lo: float, hi: float = math.inf, lo_open: bool = False):
     """argparse type: a finite number in [lo, hi] ((lo, hi] with lo_open). NaN and infinity are refused:
     they would pass no check downstream and sample garbage."""

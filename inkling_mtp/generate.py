@@ -11,7 +11,7 @@ from inkling_ref import DEFAULT_CHECKPOINT, CheckpointError
 from inkling_ref.decoding.generation import Limits, validate
 from inkling_ref.io.checkpoint import inspect_checkpoint, load_checkpoint, load_tokenizer
 
-from .argtypes import integer, number
+from .argtypes import depth_count, integer, number
 
 
 def parse_ids(text: str) -> list[int]:
@@ -112,8 +112,10 @@ def report(result, k: int, engine: str, dtype: str, setup=None) -> str:
     where = "the fast engine (GPU)" if engine == "fast" else "the reference (CPU)"
     lines = [] if setup is None else [f"--- {setup}, then the timed run:"]
     lines += [f"--- {len(new)} new tokens in {result.elapsed_s:.2f} s ({len(new) / result.elapsed_s:.1f} tokens/s) "
-             f"on {where}, {dtype}, k = {k}"]
+             f"on {where}, {dtype}, k = {k if k != 'auto' else f'auto (0 to {s.k})'}"]
     cycles = [c for seq in result.cycles for c in seq]
+    if k == "auto":
+        return "\n".join(lines + auto_report(s, cycles))
     if k == 0:
         lines.append(f"plain decoding: {_count(len(cycles), 'trunk pass', 'trunk passes')} after the prompt, "
                      "one token each (the first new token comes from the prompt's own pass)")
@@ -133,6 +135,21 @@ def report(result, k: int, engine: str, dtype: str, setup=None) -> str:
     return "\n".join(lines)
 
 
+def auto_report(s, cycles) -> list[str]:
+    """The statistics of a --k auto run: which k ran how often, and the acceptance of each."""
+    used = ", ".join(f"{k} x {n}" for k, n in s.k_used.items())
+    lines = [f"{_count(len(cycles), 'cycle')}, k chosen each cycle; k used: {used}"]
+    if s.num_cycles:
+        lines.append(f"acceptance length {s.acceptance_length:.2f}: tokens gained per verify pass, mean of "
+                     f"{_count(s.num_cycles, 'full cycle')}")
+    for k, by in s.by_k(cycles).items():
+        if k and by.num_cycles:
+            per = " ".join(f"{100 * v:.0f}%" for v in by.per_position.values())
+            lines.append(f"  k = {k}: acceptance length {by.acceptance_length:.2f}, per position {per} "
+                         f"({_count(by.num_cycles, 'full cycle')})")
+    return lines
+
+
 def run(args) -> int:
     import torch
 
@@ -140,15 +157,16 @@ def run(args) -> int:
     path = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
     config, depths = inspect_checkpoint(path)  # config.json and headers only: no weight is read yet
     k = args.k
-    if k > depths:
+    if k != "auto" and k > depths:
         raise CheckpointError(mtp_depths_message(k, path, depths))
+    loaded = depths if k == "auto" else k                 # "auto" chooses among every depth the checkpoint has
     prompt, prompt_name, tokenizer = read_prompt(args, path)
     engine = resolve_engine(args.engine, args.dtype)
     flags = {name: _flag(name) for name in ("max_new_tokens", "seed")}
     validate(Limits.of_config(config, depths), [prompt], args.max_new_tokens, k, seed=args.seed,
              flags=dict(flags, num_speculative_tokens="--k", prompt_ids=prompt_name))
 
-    model = load_checkpoint(path, dtype=getattr(torch, args.dtype), num_mtp_depths=k)
+    model = load_checkpoint(path, dtype=getattr(torch, args.dtype), num_mtp_depths=loaded)
     options = dict(max_new_tokens=args.max_new_tokens, num_speculative_tokens=k, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_id=model.config.eos_token_id)
     setup = None
@@ -156,7 +174,7 @@ def run(args) -> int:
         from inkling_fast import Engine  # imported only here: a CPU-only install has no Triton
 
         max_seq_len = max(2, min(len(prompt) + args.max_new_tokens, model.config.max_position_embeddings))
-        fast = Engine(model, max_batch_size=1, max_seq_len=max_seq_len, num_speculative_tokens=k,
+        fast = Engine(model, max_batch_size=1, max_seq_len=max_seq_len, num_speculative_tokens=loaded,
                       dtype=getattr(torch, args.dtype))
         setup = fast.warmup(prompt, **options)      # compile + capture for exactly this request's shapes
         result = fast.generate(prompt, **options)
@@ -185,9 +203,10 @@ def add(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the checkpoint)")
     src.add_argument("--prompt-ids", metavar="IDS", type=parse_ids, help='prompt token ids, e.g. "3 17 5"')
-    p.add_argument("--k", type=integer(0), default=4, metavar="N",
+    p.add_argument("--k", type=depth_count, default=4, metavar="N",
                    help="draft tokens per cycle, at most the checkpoint's MTP depths (0 = plain decoding; "
-                        "default 4)")
+                        "default 4), or auto: each cycle the k with the most expected tokens per second, "
+                        "from measured cycle costs and the acceptance seen so far")
     p.add_argument("--max-new-tokens", type=integer(1), default=64, metavar="N", help="default 64")
     p.add_argument("--temperature", type=number(0), default=0.0, metavar="T",
                    help="0 = greedy (the default); > 0 samples, with --top-k, --top-p and --seed")
