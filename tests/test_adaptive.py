@@ -1,0 +1,166 @@
+"""The depth controller (inkling_ref/decoding/adaptive.py) against synthetic costs and acceptance with a
+known best k, and the reference's `generate` with k changing from cycle to cycle.
+
+The synthetic world: a cycle at (batch B, k) costs cost(B, k) ms and each row accepts draft j with
+probability c_j given drafts 1..j-1 were. The controller sees only what an engine shows it (the
+measured costs, the accepted counts of its own cycles) and must end up, at every batch size, on a k
+whose true rate is within 3 % of the best. Two broken controllers must fail the same check: one that
+ignores the batch size (it reads the costs of batch 1 everywhere), and one that never explores (it
+takes the posterior means instead of drawing from them, so positions it never reached keep their
+prior and it stays below the best k).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from configs import tiny_config
+from inkling_ref import generate, random_model
+from inkling_ref.decoding.adaptive import (AdaptiveDepth, CycleCosts, FixedDepth, ScriptedDepths,
+                                           acceptance_length, depth_policy)
+
+MAX_K = 8
+
+
+def true_rate(live, B, k, costs, c):
+    return live * acceptance_length(c, k) / costs[(B, k)]
+
+
+def best_rate(live, B, costs, c):
+    return max(true_rate(live, B, k, costs, c) for k in range(MAX_K + 1))
+
+
+def simulate(policy, costs, c, schedule, seed=0):
+    """Run `policy` through cycles: schedule is a list of (live, B, cycles). Returns, per (live, B), the
+    ks it chose in the second half of that stretch."""
+    rng, chosen, k = random.Random(seed), {}, None
+    for live, B, n in schedule:
+        picks = []
+        for i in range(n):
+            k = policy.choose(live, B, 10_000, k)
+            accepted = []
+            for _ in range(live):
+                a = 0
+                while a < k and rng.random() < c[a]:
+                    a += 1
+                accepted.append(a)
+            policy.observe(k, accepted)
+            policy.observe_cost(B, k, costs[(B, k)] * rng.uniform(0.97, 1.03))
+            if i >= n // 2:
+                picks.append(k)
+        chosen.setdefault((live, B), []).extend(picks)
+    return chosen
+
+
+def check_controller(make_policy, costs, c, schedule):
+    """Every stretch's second half: the mean true rate of the chosen ks is >= 0.97 x the best."""
+    table = CycleCosts()
+    for key, ms in costs.items():                        # the setup measurement an engine makes
+        table.add(table.cycles, key, ms)
+    chosen = simulate(make_policy(table), costs, c, schedule)
+    for (live, B), ks in chosen.items():
+        got = sum(true_rate(live, B, k, costs, c) for k in ks) / len(ks)
+        best = best_rate(live, B, costs, c)
+        assert got >= 0.97 * best, f"batch {B}: chose {sorted(set(ks))}, rate {got:.3f} < 0.97 x best {best:.3f}"
+
+
+def world(draft_cost_1: float, draft_cost_32: float):
+    """cost(B, k) = base + k * draft cost: drafts cheap at batch 1, dear at batch 32."""
+    return {(B, k): (1.0 if B == 1 else 3.0) + k * (draft_cost_1 if B == 1 else draft_cost_32)
+            for B in (1, 32) for k in range(MAX_K + 1)}
+
+
+HIGH = [0.9] * MAX_K                                    # acceptance the prior (mean 0.5) underrates
+SCHEDULES = {
+    "batch 1 only": [(1, 1, 400)],
+    "batch 32, then 1": [(32, 32, 300), (1, 1, 400)],
+}
+
+
+class IgnoresBatch(AdaptiveDepth):
+    def choose(self, live, batch, remaining, current, catchup_rows=None):
+        return super().choose(live, 1, remaining, current, catchup_rows)
+
+
+class NeverExplores(AdaptiveDepth):
+    def conditional(self, draw=True):
+        return super().conditional(draw=False)
+
+
+def test_controller_finds_the_best_k_at_every_batch_size():
+    costs = world(0.45, 3.0)
+    assert max(range(MAX_K + 1), key=lambda k: true_rate(1, 1, k, costs, HIGH)) == 3      # drafts pay
+    assert max(range(MAX_K + 1), key=lambda k: true_rate(32, 32, k, costs, HIGH)) == 0    # they do not
+    for name, schedule in SCHEDULES.items():
+        check_controller(lambda t: AdaptiveDepth(MAX_K, t, interval=1, seed=1), costs, HIGH, schedule)
+
+
+@pytest.mark.parametrize("mutant", [IgnoresBatch, NeverExplores])
+def test_controller_check_catches_broken_controllers(mutant):
+    """The same check fails a controller that ignores the batch size and one that never explores."""
+    costs = world(0.45, 3.0)
+    schedule = SCHEDULES["batch 32, then 1"] if mutant is IgnoresBatch else SCHEDULES["batch 1 only"]
+    with pytest.raises(AssertionError, match="0.97 x best"):
+        check_controller(lambda t: mutant(MAX_K, t, interval=1, seed=1), costs, HIGH, schedule)
+
+
+def test_a_switch_pays_its_catch_up_once():
+    """A catch-up costing many cycles keeps the current k when the sequences are about to end, and is
+    taken when they have far to go."""
+    costs = CycleCosts()
+    for k in range(5):
+        costs.add(costs.cycles, (1, k), 1.0 + 0.1 * k)
+    costs.add(costs.catchup, (1, 4), 0.5)                    # 0.5 ms per row
+    policy = AdaptiveDepth(4, costs, interval=8)
+    policy.accepted = [1e3] * 4                              # drafts all but certain: k = 4 is best
+    rows = {4: 40}                                          # 40 rows to catch up: 20 ms
+    assert policy.rates(1, 1, 4, 1, policy.conditional(False), rows)[4] < \
+        policy.rates(1, 1, 4, 1, policy.conditional(False), rows)[1]
+    assert max(policy.rates(1, 1, 10_000, 1, policy.conditional(False), {4: 2}).items(), key=lambda kv: kv[1])[0] == 4
+
+
+def test_cost_estimates_follow_measurements():
+    t = CycleCosts()
+    assert t.cycle_ms(1, 3) is None
+    t.add(t.cycles, (4, 0), 2.0)
+    t.add(t.cycles, (4, 2), 4.0)
+    assert t.cycle_ms(4, 1) == pytest.approx(3.0) and t.cycle_ms(4, 4) == pytest.approx(6.0)
+    t.add(t.cycles, (16, 1), 10.0)                           # one k here: the slope of batch 4
+    assert t.cycle_ms(16, 3) == pytest.approx(12.0)
+    for _ in range(50):
+        t.add(t.cycles, (4, 0), 3.0)                          # a running mean that follows new measurements
+    assert t.cycle_ms(4, 0) == pytest.approx(3.0, abs=1e-3)
+    assert t.catchup_ms(4, 2, 6) == pytest.approx((4.0 - 3.0) / 3 * 6, rel=1e-3)
+
+
+def test_policies_and_their_checks():
+    assert depth_policy(3, 8) == FixedDepth(3) and isinstance(depth_policy("auto", 8), AdaptiveDepth)
+    s = ScriptedDepths([1, 4])
+    assert [s.choose(1, 1, 9, None) for _ in range(4)] == [1, 4, 4, 4] and s.max_k == 4
+    with pytest.raises(ValueError, match="ScriptedDepths"):
+        ScriptedDepths([])
+    with pytest.raises(ValueError, match="max_k"):
+        AdaptiveDepth(-1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = tiny_config(num_mtp_depths=4, mtp_layer_types=["sliding", "global", "sliding", "sliding"])
+    return random_model(cfg, seed=5, dtype=torch.float64)
+
+
+def test_reference_generate_with_changing_k_is_lossless(model):
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    plain = generate(model, prompt, 30, 0)
+    for script in ([1] * 8 + [4] * 5, [4, 0, 2, 4, 1, 3, 0, 4]):
+        got = generate(model, prompt, 30, ScriptedDepths(list(script)))
+        assert got.token_ids == plain.token_ids
+        assert [c.planned for c in got.cycles[0]][: len(script)] == script[: len(got.cycles[0])]
+    auto = generate(model, prompt, 30, "auto")
+    assert auto.token_ids == plain.token_ids
+    assert sum(auto.stats.k_used.values()) == len(auto.cycles[0])
+    by_k = auto.stats.by_k(auto.cycles[0])
+    assert set(by_k) == set(auto.stats.k_used)
