@@ -1,0 +1,130 @@
+"""num_speculative_tokens="auto" beside every fixed k, on whole requests (a script, not a test; GPU).
+
+    python benchmarks/adaptive_k.py --out DIR              # GPU: DIR/adaptive_k.json and DIR/adaptive_k.md
+    python benchmarks/adaptive_k.py --render DIR/adaptive_k.json   # the page from a JSON (docs/benchmarks/)
+    python benchmarks/adaptive_k.py --dry                   # CPU, Triton interpreter, tiny sizes: the script runs
+
+Workloads (the demo checkpoint, bf16, CUDA graphs, greedy, the overlapped loop; those of
+benchmarks/engine.py `requests`):
+  grid     whole `generate` calls of 240-token held-out prompts, 128 new tokens, at batch 1, 4, 16 and 32,
+           k = 0, 1, 2, 4, 8 and auto: the best of `repeats` calls after a warm-up call (which captures the
+           graphs; for auto it also times a padding cycle at every (batch size, k): Engine.measure_cycle_costs)
+  serving  128 requests with random prompt and output lengths submitted at once to max_batch_size 32:
+           output tokens/s, k = 0, 2, 4, 8 and auto; the live batch shrinks and refills as requests end
+For auto: which k ran how often (stats.k_used), and its acceptance length. Targets: auto >= 0.97 x the
+best fixed k at every grid point and >= 1.0 x k = 0; serving: auto >= 1.05 x the best fixed k.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+if "--render" not in sys.argv:
+    import engine as bench  # noqa: E402  (the requests workloads and prompts; sets up the interpreter on CPU)
+
+KS = [0, 1, 2, 4, 8, "auto"]
+
+
+def grid_point(eng, prompts, new_tokens, k, repeats):
+    eng.generate(prompts, max_new_tokens=new_tokens, num_speculative_tokens=k)          # warm-up: graphs, costs
+    runs = [eng.generate(prompts, max_new_tokens=new_tokens, num_speculative_tokens=k) for _ in range(repeats)]
+    best = min(runs, key=lambda r: r.elapsed_s)
+    return dict(k=k, batch=len(prompts), ms=1e3 * best.elapsed_s, runs_ms=[1e3 * r.elapsed_s for r in runs],
+                tokens=best.num_tokens, acceptance_length=best.stats.acceptance_length if k != 0 else 1.0,
+                k_used={str(j): n for j, n in best.stats.k_used.items()})
+
+
+def main(argv):
+    if "--render" in argv:
+        path = Path(argv[argv.index("--render") + 1])
+        render(json.loads(path.read_text()), path.with_suffix(".md"))
+        return
+    g = bench.GRID
+    dry = bench.DRY
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path("/tmp")
+    out.mkdir(parents=True, exist_ok=True)
+    model = bench.requests_model()
+    import torch
+    from inkling_fast import Engine
+    batches = list(g["req_batches"])
+    new_tokens, L = g["new_tokens"], g["prompt_len"]
+    kmax = model.num_mtp_depths
+    ks = [k for k in KS if k == "auto" or k <= kmax]
+    prompts = bench.demo_prompts(max(batches), L) if not dry else [[(7 * i + j) % 50 for j in range(L)]
+                                                                     for i in range(max(batches))]
+    graphs = bench.DEV == "cuda"
+    res = dict(gpu=torch.cuda.get_device_name() if graphs else "CPU (dry run)", commit=bench.harness.git_commit(),
+               date=time.strftime("%Y-%m-%d"), command="python benchmarks/adaptive_k.py " + " ".join(argv),
+               torch=torch.__version__, grid=[], serving=[])
+    eng = Engine(model, max_batch_size=max(batches), max_seq_len=L + new_tokens + 1, num_speculative_tokens=kmax,
+                 dtype=torch.bfloat16, batch_sizes=batches, use_cuda_graphs=graphs)
+    for B in batches:
+        for k in ks:
+            row = grid_point(eng, prompts[:B], new_tokens, k, 1 if dry else 3)
+            res["grid"].append(row)
+            print(f"B={B:<3} k={k!s:<5} {row['ms']:8.2f} ms  L={row['acceptance_length']:.2f}  used {row['k_used']}",
+                  flush=True)
+    del eng
+    max_len = model.config.max_position_embeddings
+    reqs, outs = bench.serving_workload(g["serve_requests"], max_len)
+    eng = Engine(model, max_batch_size=g["serve_batch"], max_seq_len=max_len, num_speculative_tokens=kmax,
+                 dtype=torch.bfloat16, use_cuda_graphs=graphs)
+    for k in [k for k in (0, 2, 4, 8, "auto") if k == "auto" or k <= kmax]:
+        runs = [eng.generate(reqs, max_new_tokens=outs, num_speculative_tokens=k) for _ in range(1 + (0 if dry else 2))]
+        best = min(runs[1:] or runs, key=lambda r: r.elapsed_s)
+        row = dict(k=k, seconds=best.elapsed_s, output_tokens_per_s=sum(outs) / best.elapsed_s,
+                   acceptance_length=best.stats.acceptance_length if k != 0 else 1.0,
+                   k_used={str(j): n for j, n in best.stats.k_used.items()})
+        res["serving"].append(row)
+        print(f"serving k={k!s:<5} {row['output_tokens_per_s']:9.0f} tok/s  used {row['k_used']}", flush=True)
+    res["serving_workload"] = dict(requests=len(reqs), max_batch_size=g["serve_batch"],
+                                   prompt_lengths=[min(map(len, reqs)), max(map(len, reqs))],
+                                   output_lengths=[min(outs), max(outs)])
+    path = out / "adaptive_k.json"
+    path.write_text(json.dumps(res, indent=1))
+    render(res, out / "adaptive_k.md")
+    print((out / "adaptive_k.md").read_text())
+
+
+def render(res: dict, path: Path) -> None:
+    """The page: per batch size, each k's whole-request time and speedup over k = 0, and auto against the
+    best fixed k; then the serving workload."""
+    L = ["# Adaptive speculation depth: `auto` beside every fixed k", "",
+         f"GPU: {res['gpu']}. Commit {res['commit']}, {res['date']}. Command: `{res['command']}`.", "",
+         "Demo checkpoint, bf16, CUDA graphs, greedy, overlapped loop; whole `generate` calls (prefill included), "
+         "the best of the timed calls after a warm-up call. auto: each cycle the k with the most expected tokens "
+         "per ms for the live batch (inkling_ref/decoding/adaptive.py), from the engine's measured cycle costs "
+         "and the acceptance seen so far.", "",
+         "| batch | k | ms | speedup vs k = 0 | acceptance length | k used (auto) |", "|---:|---|---:|---:|---:|---|"]
+    checks = []
+    for B in sorted({r["batch"] for r in res["grid"]}):
+        rows = [r for r in res["grid"] if r["batch"] == B]
+        plain = next(r for r in rows if r["k"] == 0)["ms"]
+        for r in rows:
+            used = ", ".join(f"{k} x {n}" for k, n in r["k_used"].items()) if r["k"] == "auto" else ""
+            L.append(f"| {B} | {r['k']} | {r['ms']:.2f} | {plain / r['ms']:.2f}x | {r['acceptance_length']:.2f} | {used} |")
+        fixed = min((r for r in rows if r["k"] != "auto"), key=lambda r: r["ms"])
+        auto = next(r for r in rows if r["k"] == "auto")
+        checks.append((B, fixed["k"], fixed["ms"] / auto["ms"], plain / auto["ms"]))
+    L += ["", "| batch | best fixed k | auto / best fixed (speed) | auto / k = 0 (speed) |", "|---:|---:|---:|---:|"]
+    L += [f"| {B} | {k} | {a:.3f}x | {p:.2f}x |" for B, k, a, p in checks]
+    w = res["serving_workload"]
+    L += ["", f"Serving: {w['requests']} requests at once to max_batch_size {w['max_batch_size']}, prompts "
+          f"{w['prompt_lengths'][0]}..{w['prompt_lengths'][1]} tokens, outputs {w['output_lengths'][0]}.."
+          f"{w['output_lengths'][1]}; output tokens/s over the call (best of the timed calls after a warm-up call).", "",
+          "| k | output tokens/s | speedup vs k = 0 | acceptance length | k used (auto) |", "|---|---:|---:|---:|---|"]
+    base = next(r for r in res["serving"] if r["k"] == 0)["output_tokens_per_s"]
+    for r in res["serving"]:
+        used = ", ".join(f"{k} x {n}" for k, n in r["k_used"].items()) if r["k"] == "auto" else ""
+        L.append(f"| {r['k']} | {r['output_tokens_per_s']:.0f} | {r['output_tokens_per_s'] / base:.2f}x | "
+                 f"{r['acceptance_length']:.2f} | {used} |")
+    path.write_text("\n".join(L) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
