@@ -14,9 +14,12 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 def parse_size(text: str) -> int:
     """'5GB' -> 5_000_000_000, '512MiB' -> 536_870_912, '1000' -> 1000."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS or float(m.group(1)) <= 0:
+    if not m or m.group(2).upper() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 5GB, 512MiB, 1000000)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than one byte (examples: 5GB, 512MiB, 1000000)")
+    return size
 
 
 def integer(lo: int):

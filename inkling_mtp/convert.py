@@ -29,5 +29,9 @@ def add(subparsers) -> None:
     p.add_argument("--max-shard-size", type=parse_size, default=None, metavar="SIZE",
                    help="write the trunk in shards of at most SIZE (e.g. 5GB) plus an index; "
                         "default: one model.safetensors")
-    p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in DST")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a checkpoint already in DST (its other files are kept). Without it a DST that "
+                        "holds a checkpoint is refused; a DST that is not empty but holds no checkpoint is "
+                        "always refused. The new files are written beside DST and swapped in when complete, "
+                        "so a failed convert leaves DST as it was")
     p.set_defaults(func=run)

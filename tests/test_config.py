@@ -80,7 +80,8 @@ def test_every_spelling_of_the_key_table(spelling):
 
 def test_flat_transformers_text_config_with_mtp_fields():
     t = {k: v for k, v in TINY.to_transformers_dict().items()}
-    t.update(model_type="inkling_text", num_mtp_layers=2, mtp_local_layer_ids=[0], local_layer_ids=None)
+    t.update(model_type="inkling_text", num_mtp_layers=2, mtp_local_layer_ids=[0], local_layer_ids=None,
+             chain_hidden_post_norm=False)
     assert InklingConfig.from_dict(t) == TINY
 
 

@@ -20,9 +20,14 @@ offending tensor at once; the values are checked as they load (every weight must
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -344,8 +349,7 @@ class ShardWriter:
     added one at a time so that a conversion never holds more than one shard in memory."""
 
     def __init__(self, directory: Path, max_shard_bytes: int | None = None):
-        if max_shard_bytes is not None and (not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0):
-            raise CheckpointError(f"max_shard_bytes must be a positive integer or None, got {max_shard_bytes!r}")
+        check_max_shard_bytes(max_shard_bytes)
         self.directory, self.max_bytes = directory, max_shard_bytes
         self.shard: dict[str, torch.Tensor] = {}
         self.shard_bytes = 0
@@ -395,20 +399,85 @@ class ShardWriter:
         return out
 
 
-def _prepare_output(path, overwrite: bool) -> Path:
-    """Create the output directory; refuse (or, with overwrite, remove) an earlier checkpoint there."""
+# Files a checkpoint directory holds that a writer (re)writes; anything else there (a tokenizer, notes)
+# belongs to the user and is carried over untouched.
+_CHECKPOINT_NAME = re.compile(r"config\.json|model\.safetensors(\.index\.json)?|mtp\.safetensors"
+                              r"|model-\d{5}-of-\d{5}\.safetensors")
+
+
+def check_max_shard_bytes(max_shard_bytes) -> None:
+    if max_shard_bytes is not None and (not isinstance(max_shard_bytes, int) or isinstance(max_shard_bytes, bool)
+                                        or max_shard_bytes <= 0):
+        raise CheckpointError(f"max_shard_bytes must be a positive integer or None, got {max_shard_bytes!r}")
+
+
+def check_output(path, overwrite: bool) -> Path:
+    """Check the output directory of a writer without touching it. It may be new, empty, or (with
+    overwrite=True) hold a checkpoint; a directory that holds other files but no checkpoint is refused
+    whatever `overwrite` says, since replacing it could only lose the user's files."""
+    if not isinstance(overwrite, bool):
+        raise CheckpointError(f"overwrite must be True or False, got {overwrite!r}")
+    if not isinstance(path, (str, Path)) or str(path) == "":
+        raise CheckpointError(f"the output directory must be a non-empty path, got {path!r}")
     d = Path(path)
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"{d} is a file, not a directory")
-    d.mkdir(parents=True, exist_ok=True)
-    ours = sorted(p for p in d.iterdir() if p.name in (CONFIG, SINGLE, INDEX, MTP_FILE)
-                  or re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors|\.shard-\d{5}\.tmp", p.name))
-    if ours and not overwrite:
-        raise CheckpointError(f"{d} already holds a checkpoint ({', '.join(p.name for p in ours)}); "
-                              "pass overwrite=True (--overwrite) or choose another directory")
-    for p in ours:
-        p.unlink()
+    if d.is_dir():
+        entries = sorted(p.name for p in d.iterdir())
+        ours = [name for name in entries if _CHECKPOINT_NAME.fullmatch(name)]
+        if ours and not overwrite:
+            raise CheckpointError(f"{d} already holds a checkpoint ({', '.join(ours)}); "
+                                  "pass overwrite=True (--overwrite) or choose another directory")
+        if entries and not ours:
+            shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+            raise CheckpointError(f"{d} is not empty and holds no checkpoint ({shown}): refusing to write a "
+                                  "checkpoint into it, even with overwrite; choose a new or empty directory")
     return d
+
+
+def _rename(old: Path, new: Path) -> None:
+    os.replace(old, new)
+
+
+def _link_or_copy(src, dst) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def write_staged(directory: Path, write: Callable[[Path], object]):
+    """Run write(tmp) into a new temporary directory beside `directory`, and only when it returns swap
+    the result in: files of an earlier `directory` that are not checkpoint files are carried over
+    (hard links where the file system allows, else copies), then `directory` is renamed aside, the new
+    one renamed in its place and the old one removed. Any failure before the swap removes the temporary
+    directory and leaves `directory` as it was; a failure inside the swap renames the old one back.
+    Returns what `write` returns."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent))
+    try:
+        result = write(tmp)
+        if directory.is_dir():
+            for p in sorted(directory.iterdir()):
+                if not _CHECKPOINT_NAME.fullmatch(p.name):
+                    if p.is_dir() and not p.is_symlink():
+                        shutil.copytree(p, tmp / p.name, symlinks=True, copy_function=_link_or_copy)
+                    else:
+                        _link_or_copy(p, tmp / p.name)
+            old = directory.parent / f".{directory.name}.old-{secrets.token_hex(6)}"
+            _rename(directory, old)
+            try:
+                _rename(tmp, directory)
+            except BaseException:
+                _rename(old, directory)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            _rename(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
 
 
 def _layer_order(name: str):
@@ -420,18 +489,26 @@ def save_checkpoint(model: InklingModel, path, max_shard_bytes: int | None = Non
     """Write `model` as a released-layout checkpoint directory. Each tensor keeps its dtype.
 
     config.json says as many MTP depths as the model has built (the head of a model built with fewer
-    depths than its config is saved as a shorter head)."""
-    d = _prepare_output(path, overwrite)
+    depths than its config is saved as a shorter head). The files are written into a temporary
+    directory beside `path` and swapped in when complete (`write_staged`): a failure leaves `path` as it
+    was. overwrite=True replaces an earlier checkpoint there (its other files are kept); a non-empty
+    directory without a checkpoint is always refused."""
+    check_max_shard_bytes(max_shard_bytes)
+    d = check_output(path, overwrite)
     k = model.num_mtp_depths
     config = model.config
     if k != config.num_mtp_depths:
         config = config.replace(num_mtp_depths=k, mtp_layer_types=config.mtp_layer_types[:k])
-    writer = ShardWriter(d, max_shard_bytes)
-    tensors = {names.to_released(n): p for n, p in model.named_parameters()}
-    for name in sorted(tensors, key=_layer_order):
-        writer.add(name, tensors[name])
-    writer.close()
-    (d / CONFIG).write_text(json.dumps(config.to_released_dict(), indent=2) + "\n")
+
+    def write(tmp: Path) -> None:
+        writer = ShardWriter(tmp, max_shard_bytes)
+        tensors = {names.to_released(n): p for n, p in model.named_parameters()}
+        for name in sorted(tensors, key=_layer_order):
+            writer.add(name, tensors[name])
+        writer.close()
+        (tmp / CONFIG).write_text(json.dumps(config.to_released_dict(), indent=2) + "\n")
+
+    write_staged(d, write)
 
 
 # ---------------------------------------------------------------------- convert
@@ -440,13 +517,16 @@ def convert_transformers_checkpoint(src, dst, max_shard_bytes: int | None = None
     """A transformers-layout Inkling checkpoint (`save_pretrained` of `InklingForCausalLM`, or the text
     part of `InklingForConditionalGeneration`) -> a released-layout checkpoint directory.
 
-    Every name and shape is checked against the config before anything is written; tensors are then
-    converted one layer at a time (pure renames and row permutations; dtypes kept). The transformers
+    Every argument, name and shape is checked before anything is written; tensors are then converted
+    one layer at a time (pure renames and row permutations; dtypes kept) into a temporary directory
+    beside `dst`, swapped in when complete (`write_staged`): whatever fails, `dst` is left as it was. The transformers
     layout has no MTP head: the output is a trunk, with the MTP fields of the config kept, so that a
     released `mtp.safetensors` copied next to it completes it. Returns a summary dict."""
+    check_max_shard_bytes(max_shard_bytes)
     src_dir = _directory(src)
-    if Path(dst).resolve() == src_dir.resolve():
+    if isinstance(dst, (str, Path)) and str(dst) and Path(dst).resolve() == src_dir.resolve():
         raise CheckpointError("convert: SRC and DST are the same directory")
+    d = check_output(dst, overwrite)
     config, raw = read_config(src_dir)
     files, weight_map = tensor_files(src_dir)
     infos = {n: i for n, i in read_headers(src_dir, files, weight_map).items()
@@ -462,23 +542,26 @@ def convert_transformers_checkpoint(src, dst, max_shard_bytes: int | None = None
     released_infos = {n: TensorInfo("", "F32", tuple(t.shape)) for n, t in dry.items()}
     plan_load(where + " (after renaming)", config, raw, released_infos, None)
 
-    d = _prepare_output(dst, overwrite)
-    writer = ShardWriter(d, max_shard_bytes)
     groups: dict[str, list[str]] = {}  # one group per layer (gate and up halves travel together)
     for n in infos:
         m = re.search(r"layers\.(\d+)\.", n)
         groups.setdefault(f"{n.split('layers.')[0]}{m.group(1)}" if m else "", []).append(n)
-    handles = {f: safe_open(src_dir / f, framework="pt", device="cpu") for f in files}
-    try:
-        for key in sorted(groups, key=_layer_order):
-            part = {n: handles[infos[n].file].get_tensor(n) for n in groups[key]}
-            converted = transformers_layout.to_released(part)
-            for name in sorted(converted, key=_layer_order):
-                writer.add(name, converted[name])
-    finally:
-        handles.clear()
-    written = writer.close()
-    (d / CONFIG).write_text(json.dumps(config.to_released_dict(), indent=2) + "\n")
-    return {"tensors": len(dry), "bytes": writer.total_bytes + sum(t.numel() * t.element_size()
-                                                                     for t in writer.mtp.values()),
-            "files": written, "mtp_depths": config.num_mtp_depths if writer.mtp else 0}
+
+    def write(tmp: Path) -> dict:
+        writer = ShardWriter(tmp, max_shard_bytes)
+        handles = {f: safe_open(src_dir / f, framework="pt", device="cpu") for f in files}
+        try:
+            for key in sorted(groups, key=_layer_order):
+                part = {n: handles[infos[n].file].get_tensor(n) for n in groups[key]}
+                converted = transformers_layout.to_released(part)
+                for name in sorted(converted, key=_layer_order):
+                    writer.add(name, converted[name])
+        finally:
+            handles.clear()
+        written = writer.close()
+        (tmp / CONFIG).write_text(json.dumps(config.to_released_dict(), indent=2) + "\n")
+        return {"tensors": len(dry), "bytes": writer.total_bytes + sum(t.numel() * t.element_size()
+                                                                         for t in writer.mtp.values()),
+                "files": written, "mtp_depths": config.num_mtp_depths if writer.mtp else 0}
+
+    return write_staged(d, write)
