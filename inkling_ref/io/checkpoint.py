@@ -35,7 +35,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from . import names, transformers_layout
-from .config import ConfigError, InklingConfig, intermediate_size_reading
+from .config import DENSE, MOE, SLIDING, ConfigError, InklingConfig, field_label, intermediate_size_reading
 from ..model.model import InklingModel
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_checkpoint"   # the bundled demo
@@ -188,11 +188,52 @@ def check_quantized(where, infos: dict[str, TensorInfo]) -> None:
             "(bf16) checkpoint.\n" + _listing("quantized or scale tensors", bad))
 
 
-def complete_mtp_depths(config: InklingConfig, infos: dict[str, TensorInfo]) -> int:
+_TRUNK_LAYER = re.compile(r"model\.llm\.layers\.(\d+)\.")
+_MTP_DEPTH = re.compile(r"model\.mtp\.layers\.(\d+)\.")
+# Config fields that are tensor dimensions (or a factor of one): none can exceed the largest dimension of
+# the files. (field, what the model must have for the field to be used)
+_DIMENSIONS = (("vocab_size", None), ("hidden_size", None), ("num_heads", None), ("num_kv_heads", None),
+               ("head_dim", None), ("d_rel", None), ("rel_extent", None), ("conv_kernel_size", None),
+               ("swa_num_heads", SLIDING), ("swa_num_kv_heads", SLIDING), ("swa_head_dim", SLIDING),
+               ("dense_intermediate_size", DENSE), ("moe_intermediate_size", MOE), ("n_routed_experts", MOE),
+               ("n_shared_experts", MOE))
+
+
+def _indices_held(pattern: re.Pattern, infos: dict[str, TensorInfo]) -> int:
+    """1 + the largest layer index among the tensor names `pattern` matches (0: none)."""
+    found = [int(m.group(1)) for n in infos for m in [pattern.match(n)] if m]
+    return 1 + max(found) if found else 0
+
+
+def check_sizes(where, config: InklingConfig, infos: dict[str, TensorInfo]) -> int:
+    """Check the config's counts and sizes against the safetensors headers before anything proportional to
+    them is built: a config that declares more trunk layers than the files hold, or a size larger than
+    every dimension of every tensor, does not describe these weights (one line naming the key). Returns
+    how many MTP depths the files hold tensors of (1 + the largest depth index)."""
+    held = _indices_held(_TRUNK_LAYER, infos)
+    if config.num_layers > held:
+        hold = f"{held} trunk layers (model.llm.layers.0 .. {held - 1})" if held else "no trunk layer"
+        raise CheckpointError(f"{where}: {field_label('num_layers')} = {config.num_layers}, but its files hold "
+                              f"{hold}: config.json does not describe these weights")
+    largest = max((max(i.shape, default=0) for i in infos.values()), default=0)
+    uses = {None: True, SLIDING: SLIDING in config.layer_types + config.mtp_layer_types,
+            DENSE: DENSE in config.mlp_types or config.num_mtp_depths > 0, MOE: MOE in config.mlp_types}
+    for name, feature in _DIMENSIONS:
+        value = getattr(config, name)
+        if uses[feature] and value > largest:
+            raise CheckpointError(f"{where}: {field_label(name)} = {value} is larger than any dimension of any "
+                                  f"tensor in its files (the largest is {largest}): config.json does not "
+                                  "describe these weights")
+    return _indices_held(_MTP_DEPTH, infos)
+
+
+def complete_mtp_depths(config: InklingConfig, infos: dict[str, TensorInfo], where="checkpoint") -> int:
     """How many MTP depths the files hold: the first depths, up to the config's count, with every tensor."""
-    full = expected_shapes(config, config.num_mtp_depths)
+    held = check_sizes(where, config, infos)
+    depths = min(config.num_mtp_depths, held)
+    full = expected_shapes(config, depths)
     complete = 0
-    while complete < config.num_mtp_depths and all(n in infos for n in full if names.mtp_depth_of(n) == complete):
+    while complete < depths and all(n in infos for n in full if names.mtp_depth_of(n) == complete):
         complete += 1
     return complete
 
@@ -203,7 +244,7 @@ def inspect_checkpoint(path) -> tuple[InklingConfig, int]:
     directory = _directory(path)
     config, _ = read_config(directory)
     files, weight_map = tensor_files(directory)
-    return config, complete_mtp_depths(config, read_headers(directory, files, weight_map))
+    return config, complete_mtp_depths(config, read_headers(directory, files, weight_map), f"checkpoint {directory}")
 
 
 def plan_load(where, config: InklingConfig, raw: dict, infos: dict[str, TensorInfo],
@@ -215,11 +256,17 @@ def plan_load(where, config: InklingConfig, raw: dict, infos: dict[str, TensorIn
     check_quantized(where, infos)
     text = {n: i for n, i in infos.items() if not names.is_other_tower(n)}
     declared = config.num_mtp_depths
-    full = expected_shapes(config, declared)
-    complete = complete_mtp_depths(config, infos)
+    held = check_sizes(where, config, text)
+    full = expected_shapes(config, min(declared, held + 1))     # depths beyond the files' are not built
+    complete = complete_mtp_depths(config, text, where)
     has_mtp = any(names.is_mtp(n) for n in text)
     if num_mtp_depths is None:
         k = declared if has_mtp else 0  # no MTP tensors at all: a trunk without a head
+        if has_mtp and held < declared:
+            hold = f"{held} MTP depth(s) (model.mtp.layers.0 .. {held - 1})" if held else "no MTP depth"
+            raise CheckpointError(f"{where}: {field_label('num_mtp_depths')} = {declared}, but its files hold "
+                                  f"{hold}: fix config.json, or load the first {complete} complete depth(s) with "
+                                  f"num_mtp_depths={complete} (--k {complete})")
     else:
         if not isinstance(num_mtp_depths, int) or isinstance(num_mtp_depths, bool) or num_mtp_depths < 0:
             raise CheckpointError(f"num_mtp_depths must be an integer >= 0 or None, got {num_mtp_depths!r}")

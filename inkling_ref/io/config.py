@@ -150,7 +150,9 @@ class InklingConfig:
             v = getattr(self, name)
             if v is not None:
                 need(0 <= v < self.vocab_size, name, f"{v!r} must be a token id in 0..{self.vocab_size - 1}")
-        need(self.sliding_window <= self.max_position_embeddings, "sliding_window",
+        slides = isinstance(self.layer_types, list) and isinstance(self.mtp_layer_types, list) and \
+            SLIDING in self.layer_types + self.mtp_layer_types
+        need(not slides or self.sliding_window <= self.max_position_embeddings, "sliding_window",
              f"window {self.sliding_window} is longer than the context "
              f"(max_position_embeddings={self.max_position_embeddings}): such a layer would not slide")
         if moe:
