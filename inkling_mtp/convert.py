@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from inkling_ref.io.checkpoint import convert_transformers_checkpoint
 
-from .argtypes import parse_size
+from .argtypes import parse_size, path
 
 
 def run(args) -> int:
@@ -24,8 +24,8 @@ def add(subparsers) -> None:
         description="Convert an Inkling checkpoint written by transformers' save_pretrained "
                     "(InklingForCausalLM, or the text part of InklingForConditionalGeneration) into the "
                     "released layout that inkling_ref.load_checkpoint reads. Safetensors only.")
-    p.add_argument("src", metavar="SRC", help="transformers checkpoint directory (config.json + safetensors)")
-    p.add_argument("dst", metavar="DST", help="output directory (released layout)")
+    p.add_argument("src", metavar="SRC", type=path, help="transformers checkpoint directory (config.json + safetensors)")
+    p.add_argument("dst", metavar="DST", type=path, help="output directory (released layout)")
     p.add_argument("--max-shard-size", type=parse_size, default=None, metavar="SIZE",
                    help="write the trunk in shards of at most SIZE (e.g. 5GB) plus an index; "
                         "default: one model.safetensors")

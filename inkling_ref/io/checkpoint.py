@@ -48,6 +48,7 @@ TOKENIZER = "tokenizer.json"
 LOADABLE_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                    torch.float16: "float16"}
 FLOAT_FILE_DTYPES = {"F32", "F64", "BF16", "F16"}  # safetensors dtype codes the reference can run
+QUANTIZED_FILE_DTYPES = {"U8", "I8"}                 # packed quantized weights (e.g. NVFP4: two values a byte)
 # tensors never rounded below the precision they are stored in (the router bias only picks experts,
 # and a bf16 copy of an fp32 bias changes which ones)
 KEEP_STORED_PRECISION = ("mlp.router_bias",)
@@ -67,6 +68,8 @@ class TensorInfo:
 
 # ---------------------------------------------------------------------- reading a directory
 def _directory(path) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or str(path) == "":
+        raise CheckpointError(f"a checkpoint path must be a non-empty str or Path, got {path!r}")
     d = Path(path)
     if not d.exists():
         raise CheckpointError(f"checkpoint directory {d} does not exist")
@@ -178,9 +181,20 @@ def expected_shapes(config: InklingConfig, num_mtp_depths: int) -> dict[str, tup
 
 
 def check_quantized(where, infos: dict[str, TensorInfo]) -> None:
-    """Refuse quantized tensors (packed integer / float8 weights and their scale tensors)."""
-    bad = sorted(f"{n} [{i.dtype} {list(i.shape)}]" for n, i in infos.items()
-                 if not names.is_other_tower(n) and (names.is_quant_scale(n) or i.dtype not in FLOAT_FILE_DTYPES))
+    """Refuse quantized tensors (packed integer / float8 weights and their scale tensors), and tensors of
+    any other dtype that is not a float the reference runs (named with the dtype found)."""
+    text = {n: i for n, i in infos.items() if not names.is_other_tower(n)}
+    quantized = {n for n, i in text.items() if names.is_quant_scale(n) or i.dtype in QUANTIZED_FILE_DTYPES
+                 or i.dtype.startswith(("F8_", "F6_", "F4"))}
+    other = sorted(f"{n} [{i.dtype} {list(i.shape)}]" for n, i in text.items()
+                   if n not in quantized and i.dtype not in FLOAT_FILE_DTYPES)
+    if other:
+        dtypes = sorted({i.dtype for n, i in text.items() if n not in quantized and i.dtype not in FLOAT_FILE_DTYPES})
+        raise CheckpointError(
+            f"{where} holds tensors of dtype {', '.join(dtypes)}, which no weight of this model has: weights are "
+            "BF16, F16, F32 or F64 (a file written by another tool, or tensors that are not weights)\n"
+            + _listing("tensors of another dtype", other))
+    bad = sorted(f"{n} [{i.dtype} {list(i.shape)}]" for n, i in text.items() if n in quantized)
     if bad:
         raise CheckpointError(
             f"{where} holds quantized tensors (e.g. NVFP4 packed uint8 weights with their scales), which the "
@@ -208,13 +222,20 @@ def _indices_held(pattern: re.Pattern, infos: dict[str, TensorInfo]) -> int:
 def check_sizes(where, config: InklingConfig, infos: dict[str, TensorInfo]) -> int:
     """Check the config's counts and sizes against the safetensors headers before anything proportional to
     them is built: a config that declares more trunk layers than the files hold, or a size larger than
-    every dimension of every tensor, does not describe these weights (one line naming the key). Returns
-    how many MTP depths the files hold tensors of (1 + the largest depth index)."""
+    every dimension of every tensor, does not describe these weights (one line naming the key); so does
+    one that declares more MTP depths than the files hold tensors of, unless they hold none at all (a
+    trunk saved without its head). Returns how many MTP depths the files hold tensors of (1 + the largest
+    depth index)."""
     held = _indices_held(_TRUNK_LAYER, infos)
     if config.num_layers > held:
         hold = f"{held} trunk layers (model.llm.layers.0 .. {held - 1})" if held else "no trunk layer"
         raise CheckpointError(f"{where}: {field_label('num_layers')} = {config.num_layers}, but its files hold "
                               f"{hold}: config.json does not describe these weights")
+    depths = _indices_held(_MTP_DEPTH, infos)
+    if 0 < depths < config.num_mtp_depths:
+        raise CheckpointError(f"{where}: {field_label('num_mtp_depths')} = {config.num_mtp_depths}, but its files "
+                              f"hold {depths} MTP depth(s) (model.mtp.layers.0 .. {depths - 1}): config.json does "
+                              "not describe these weights")
     largest = max((max(i.shape, default=0) for i in infos.values()), default=0)
     uses = {None: True, SLIDING: SLIDING in config.layer_types + config.mtp_layer_types,
             DENSE: DENSE in config.mlp_types or config.num_mtp_depths > 0, MOE: MOE in config.mlp_types}
@@ -224,7 +245,7 @@ def check_sizes(where, config: InklingConfig, infos: dict[str, TensorInfo]) -> i
             raise CheckpointError(f"{where}: {field_label(name)} = {value} is larger than any dimension of any "
                                   f"tensor in its files (the largest is {largest}): config.json does not "
                                   "describe these weights")
-    return _indices_held(_MTP_DEPTH, infos)
+    return depths
 
 
 def complete_mtp_depths(config: InklingConfig, infos: dict[str, TensorInfo], where="checkpoint") -> int:
@@ -262,11 +283,9 @@ def plan_load(where, config: InklingConfig, raw: dict, infos: dict[str, TensorIn
     has_mtp = any(names.is_mtp(n) for n in text)
     if num_mtp_depths is None:
         k = declared if has_mtp else 0  # no MTP tensors at all: a trunk without a head
-        if has_mtp and held < declared:
-            hold = f"{held} MTP depth(s) (model.mtp.layers.0 .. {held - 1})" if held else "no MTP depth"
+        if has_mtp and held == 0 and declared > 0:
             raise CheckpointError(f"{where}: {field_label('num_mtp_depths')} = {declared}, but its files hold "
-                                  f"{hold}: fix config.json, or load the first {complete} complete depth(s) with "
-                                  f"num_mtp_depths={complete} (--k {complete})")
+                                  "no MTP depth (model.mtp.layers.*), only other model.mtp.* tensors")
     else:
         if not isinstance(num_mtp_depths, int) or isinstance(num_mtp_depths, bool) or num_mtp_depths < 0:
             raise CheckpointError(f"num_mtp_depths must be an integer >= 0 or None, got {num_mtp_depths!r}")
@@ -349,6 +368,16 @@ def load_checkpoint(path, dtype=torch.float32, device="cpu", num_mtp_depths: int
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise CheckpointError(f"device={device!r} is not a torch device ({e})") from None
+    if device.type == "meta":
+        raise CheckpointError("device='meta' holds no values: load onto 'cpu' or a GPU")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError(f"device={str(device)!r}, but this machine has no CUDA GPU "
+                              "(torch.cuda.is_available() is False): load onto device='cpu'")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"device={str(device)!r} cannot be used here ({reason})") from None
     directory = _directory(path)
     config, raw = read_config(directory)
     files, weight_map = tensor_files(directory)
