@@ -12,7 +12,6 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from configs import tiny_config
 from inkling_ref import DEFAULT_CHECKPOINT, NonFiniteError, generate, random_model

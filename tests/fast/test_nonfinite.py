@@ -5,8 +5,8 @@ scheduler raises `NonFiniteError` when it books that row.
 
 A NaN is injected into one step's output (one MTP depth's hidden states, the verify's, the prefill's)
 by wrapping the forward function the device steps call; every such injection must be caught and named,
-greedy and sampled. The poisoned-cache runs of test_engine.py are the other half: NaN in rows no
-valid position reads never raises."""
+greedy and sampled. The poisoned-cache runs of test_engine.py are the other half: they fill every cache
+row no valid position reads with NaN, and must still give the reference's tokens (no false alarm)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ import torch
 
 from inkling_fast import Engine, device_steps
 from inkling_ref import NonFiniteError
-from inkling_ref import generate as ref_generate
 
-from test_engine import DEVICE, agreeable_model, engine_config, poison  # noqa: F401
+from test_engine import DEVICE, agreeable_model, engine_config
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,12 +29,12 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def model():
-    return agreeable_model(engine_config(), seed=3)
+    return agreeable_model(engine_config(num_mtp_depths=2, mtp_layer_types=["sliding", "global"]), seed=3)
 
 
 @pytest.fixture(scope="module")
 def engine(model):
-    return Engine(model, max_batch_size=2, max_seq_len=24, num_speculative_tokens=3, dtype=torch.float32,
+    return Engine(model, max_batch_size=2, max_seq_len=16, num_speculative_tokens=2, dtype=torch.float32,
                   device=DEVICE)
 
 
@@ -53,7 +52,6 @@ SAMPLED = dict(temperature=1.0, draft_sampling="sample", seed=4)
 CASES = {
     # depth m's output in a cycle's draft (prefill passes also run the depths: those are left alone)
     "draft (MTP depth 1)": ("depth_forward", lambda a, kw: a[1] == 1 and not kw.get("prefill")),
-    "draft (MTP depth 0)": ("depth_forward", lambda a, kw: a[1] == 0 and not kw.get("prefill")),
     "verify": ("trunk_forward", lambda a, kw: not kw.get("prefill")),
     "prefill": ("trunk_forward", lambda a, kw: bool(kw.get("prefill"))),
 }
@@ -65,14 +63,6 @@ def test_a_nan_in_any_step_stops_generate_naming_it(engine, monkeypatch, step, s
     name, when = CASES[step]
     inject(monkeypatch, name, when)
     with pytest.raises(NonFiniteError) as e:
-        engine.generate([[1, 2, 3, 4], [2, 0]], max_new_tokens=4, **sampling)
+        engine.generate([[1, 2, 3, 4], [2, 0]], max_new_tokens=3, **sampling)
     msg = str(e.value)
     assert msg.startswith(f"the {step} pass produced NaN or infinite values") and "\n" not in msg, msg
-
-
-def test_finite_runs_are_untouched(model, engine):
-    """No false alarm, with caches poisoned (NaN in every row never written): the engine still gives the
-    reference's tokens, and generate works again after a run that raised."""
-    poison(engine)
-    got = engine.generate([1, 2, 3, 4], max_new_tokens=8, num_speculative_tokens=3)
-    assert got.token_ids == ref_generate(model, [1, 2, 3, 4], max_new_tokens=8, num_speculative_tokens=3).token_ids
