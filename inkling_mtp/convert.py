@@ -27,8 +27,8 @@ def add(subparsers) -> None:
     p.add_argument("src", metavar="SRC", type=path, help="transformers checkpoint directory (config.json + safetensors)")
     p.add_argument("dst", metavar="DST", type=path, help="output directory (released layout)")
     p.add_argument("--max-shard-size", type=parse_size, default=None, metavar="SIZE",
-                   help="write the trunk in shards of at most SIZE (e.g. 5GB) plus an index; "
-                        "default: one model.safetensors")
+                   help="write the trunk in shards of at most SIZE (e.g. 5GB, 512MiB, 1000000; at least one "
+                        "byte) plus an index; default: one model.safetensors")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a checkpoint already in DST (its other files are kept). Without it a DST that "
                         "holds a checkpoint is refused; a DST that is not empty but holds no checkpoint is "

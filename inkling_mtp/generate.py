@@ -186,15 +186,18 @@ def add(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", type=utf8_text,
                      help="prompt text, valid UTF-8 (needs tokenizer.json in the checkpoint)")
-    src.add_argument("--prompt-ids", metavar="IDS", type=parse_ids, help='prompt token ids, e.g. "3 17 5"')
+    src.add_argument("--prompt-ids", metavar="IDS", type=parse_ids,
+                     help='prompt token ids, e.g. "3 17 5": integers in 0..vocabulary size - 1')
     p.add_argument("--k", type=integer(0), default=4, metavar="N",
                    help="draft tokens per cycle, at most the checkpoint's MTP depths (0 = plain decoding; "
                         "default 4)")
-    p.add_argument("--max-new-tokens", type=integer(1), default=64, metavar="N", help="default 64")
+    p.add_argument("--max-new-tokens", type=integer(1), default=64, metavar="N",
+                   help="an integer >= 1, with the prompt at most the model's maximum length (default 64)")
     p.add_argument("--temperature", type=number(0), default=0.0, metavar="T",
                    help="0 = greedy (the default); > 0 samples, with --top-k, --top-p and --seed (any finite "
                         "T > 0, down to the smallest positive double, where sampling is greedy in the limit)")
-    p.add_argument("--top-k", type=integer(1), default=None, metavar="K", help="sample among the K most likely")
+    p.add_argument("--top-k", type=integer(1), default=None, metavar="K",
+                   help="sample among the K most likely, an integer >= 1 (any K >= the vocabulary keeps all)")
     p.add_argument("--top-p", type=number(0, 1, lo_open=True), default=None, metavar="P",
                    help="sample among the most likely tokens that together reach probability P, 0 < P <= 1")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="seed of the sampling (any integer)")

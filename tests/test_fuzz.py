@@ -144,7 +144,9 @@ def _retyped(v, how: str):
 
 def edit_config(d: Path, section, key, action: str, factor, retype: str) -> None:
     cfg = json.loads((d / "config.json").read_text())
-    part = cfg if section is None else cfg[section]
+    part = cfg if section is None else cfg.get(section)
+    if not isinstance(part, dict):      # an earlier edit removed or retyped the section
+        return
     if action == "delete":
         part.pop(key, None)
     elif action == "retype":
