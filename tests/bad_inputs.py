@@ -772,6 +772,13 @@ Decisions:
   Corrupted bytes are caught where they decode to NaN or infinity (random bytes do within a few hundred
   values); a corruption that decodes only to finite numbers cannot be told from a weight by its value.
 
+Beyond these rows, `tests/test_fuzz.py` fuzzes `inkling-mtp generate`: random edits of a copy of the
+demo checkpoint (config keys deleted, scaled, negated or retyped; tensor files truncated, bit-flipped
+or reshaped; the tokenizer corrupted) with random flag values. Every case must exit 0 with finite
+statistics, or exit 1 or 2 with one error line and no traceback, within a time limit. CI runs a fixed,
+derandomized set of 25 examples. A longer run:
+`INKLING_FUZZ_EXAMPLES=2000 INKLING_FUZZ_RANDOM=1 python -m pytest tests/test_fuzz.py`.
+
 """
 
 
