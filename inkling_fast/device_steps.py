@@ -45,13 +45,25 @@ from .kernels.accept import greedy_accept
 from .kernels.rejection import rejection_sample
 from .kernels.sampling import sample_tokens, sampling_probs
 from .kernels.uniforms import philox_uniforms
-from .step_io import PASS, PASS_COLUMNS, Batch, CatchupKey, CycleKey, Decoding, StepKey
+from .step_io import PASS, PASS_COLUMNS, Batch, CatchupKey, CycleKey, Decoding, NonFinite, StepKey
 from .weights import ModelWeights
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """float64 probabilities after temperature, top-k and top-p (kernels/sampling.py)."""
     return sampling_probs(logits, params.temperature, params.top_k, params.top_p)
+
+
+def rows_not_finite(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """bool [B]: row b of x [B, T, ...] holds a NaN or an infinity at a valid position (valid [B, T]).
+    Positions that are not valid (padding, pos = -1) compute on nothing and may hold anything."""
+    bad = ~torch.isfinite(x).flatten(2).all(dim=2)
+    return (bad & valid).any(dim=1)
+
+
+def mark(flag: torch.Tensor, bad: torch.Tensor, code: int) -> None:
+    """flag[b] = code where bad[b] and no earlier step of the row was flagged (in place: graph-safe)."""
+    flag.copy_(torch.where((flag == NonFinite.NONE) & bad, code, flag))
 
 
 class DeviceSteps:
@@ -93,9 +105,12 @@ class DeviceSteps:
         s = batch.slot.long()
         return s, torch.where(batch.live, self.state.n[s], 0)
 
-    def draft(self, batch: Batch, dec: Decoding) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def draft(self, batch: Batch, dec: Decoding, nonfinite: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Depths 0..k-1 over the window [n-2-k, n-2]; d_{m+1} is written at tokens[n+m].
-        Returns (drafts int64 [B, k], q [B, k, V] float64: the draft distributions, or None for greedy drafts)."""
+        Returns (drafts int64 [B, k], q [B, k, V] float64: the draft distributions, or None for greedy drafts).
+        nonfinite (int64 [B], optional): marked NonFinite.DRAFT + m (`mark`) for a row whose depth m hands on
+        a non-finite hidden state at a valid window row (or samples from non-finite probabilities)."""
         st, (s, n), k = self.state, self._lengths(batch), dec.k
         if k == 0:                                                               # plain decoding: no drafts
             return st.tokens.new_zeros(len(s), 0), None
@@ -107,12 +122,17 @@ class DeviceSteps:
             ids = st.tokens[s[:, None], (p + m + 1).clamp(min=0)]               # slot p+m+1: x or an earlier draft
             h = forward.depth_forward(self.W, m, self.depth_caches[m], h, ids, batch.slot, pos)
             last = h[:, -1]                                                      # row p = n-2
+            bad = rows_not_finite(h, pos >= 0) if nonfinite is not None else None
             if dec.sampled_drafts:
                 q_m = probs(forward.logits(self.W, last), dec.draft_params)      # [B, V]
                 d = sample_tokens(q_m, batch.uniforms[:, m])
                 q.append(q_m)
+                if bad is not None:
+                    bad = bad | ~torch.isfinite(q_m).all(dim=1)
             else:
                 d = forward.greedy_tokens(self.W, last)
+            if bad is not None:
+                mark(nonfinite, bad & batch.live, NonFinite.DRAFT + m)
             st.tokens.index_put_((s, n + m), d)                                  # d_{m+1} at position n+m
             drafts.append(d)
         return torch.stack(drafts, dim=1), (torch.stack(q, dim=1) if q else None)
@@ -131,15 +151,23 @@ class DeviceSteps:
         return hidden, k_eff
 
     def accept(self, batch: Batch, dec: Decoding, drafts: torch.Tensor, q: torch.Tensor | None,
-               hidden: torch.Tensor, k_eff: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Accepted count a (<= k_eff) and the next token b (correction or bonus), per sequence."""
+               hidden: torch.Tensor, k_eff: torch.Tensor, nonfinite: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accepted count a (<= k_eff) and the next token b (correction or bonus), per sequence.
+        nonfinite (optional): marked NonFinite.VERIFY for a row whose verify hidden states (or, sampling,
+        its target probabilities) hold a NaN or an infinity at a row t <= k_eff."""
         B, T, H = hidden.shape
         k = dec.k
+        valid = batch.live[:, None] & (torch.arange(T, device=hidden.device) <= k_eff[:, None])
+        if nonfinite is not None:
+            mark(nonfinite, rows_not_finite(hidden, valid), NonFinite.VERIFY)
         if dec.greedy:
             target = forward.greedy_tokens(self.W, hidden.view(B * T, H)).view(B, T)
             a, nxt, _ = greedy_accept(drafts, target, k_eff)
         else:
             p = probs(forward.logits(self.W, hidden), dec.params)                # [B, T, V] float64
+            if nonfinite is not None:
+                mark(nonfinite, rows_not_finite(p, valid), NonFinite.VERIFY)
             u = batch.uniforms
             a, nxt, _ = rejection_sample(p, q, drafts, u[:, k:2 * k], u[:, 2 * k], k_eff)
         return a.long(), nxt
@@ -152,18 +180,20 @@ class DeviceSteps:
 
     def cycle(self, batch: Batch, dec: Decoding) -> torch.Tensor:
         """draft -> verify -> accept -> commit -> outcome for the rows of `batch` whose slot is not done
-        (the others run as padding). Returns int64 [B, k+7], see CycleColumns."""
+        (the others run as padding). Returns int64 [B, k+8], see CycleColumns: its `nonfinite` column names
+        the first step of a row that produced a NaN or an infinity (then nothing else in the row counts)."""
         st = self.state
         live = batch.live & ~st.done[batch.slot.long()]
         batch = Batch(slot=torch.where(live, batch.slot, st.scratch).int(), live=live, uniforms=batch.uniforms)
         s, n = self._lengths(batch)
         if not dec.greedy:
             self._draw_uniforms(batch, dec, s, n)
-        drafts, q = self.draft(batch, dec)
+        nonfinite = torch.zeros(len(s), dtype=torch.int64, device=s.device)
+        drafts, q = self.draft(batch, dec, nonfinite)
         hidden, k_eff = self.verify(batch, dec)
-        a, nxt = self.accept(batch, dec, drafts, q, hidden, k_eff)
+        a, nxt = self.accept(batch, dec, drafts, q, hidden, k_eff, nonfinite)
         self.commit(batch, a, nxt)
-        return self._outcome(batch, s, n, drafts, a, nxt, k_eff)
+        return self._outcome(batch, s, n, drafts, a, nxt, k_eff, nonfinite)
 
     def cycle_rows(self, rows: torch.Tensor, dec: Decoding) -> torch.Tensor:
         """`cycle` of the batch whose row b runs the sequence in slot rows[b] (int32 [B]; -1: a padding row)."""
@@ -196,7 +226,7 @@ class DeviceSteps:
         st.counters.index_put_((s,), start + k_eff + 1)
 
     def _outcome(self, batch: Batch, s: torch.Tensor, n: torch.Tensor, drafts: torch.Tensor, a: torch.Tensor,
-                 nxt: torch.Tensor, k_eff: torch.Tensor) -> torch.Tensor:
+                 nxt: torch.Tensor, k_eff: torch.Tensor, nonfinite: torch.Tensor) -> torch.Tensor:
         """The emitted tokens d_1..d_a, b cut after the first EOS, and done = EOS emitted or n = stop
         (written to the slot); the cycle's result rows (CycleColumns)."""
         st = self.state
@@ -206,9 +236,9 @@ class DeviceSteps:
         at_eos = (emitted == st.eos[s][:, None]) & (j <= a[:, None])
         hit = at_eos.any(dim=1)
         count = torch.where(hit, at_eos.int().argmax(dim=1) + 1, a + 1)
-        done = batch.live & (hit | (n + a + 1 >= st.stop[s]))
+        done = batch.live & (hit | (n + a + 1 >= st.stop[s]) | (nonfinite != NonFinite.NONE))
         st.done.index_put_((s,), done)
-        status = torch.stack([k_eff, count, hit.long(), done.long(), batch.live.long()], dim=1)
+        status = torch.stack([k_eff, count, hit.long(), done.long(), batch.live.long(), nonfinite], dim=1)
         return torch.cat([a[:, None], nxt[:, None], drafts, status], dim=1)
 
     # ------------------------------------------------------------------------------------------ prefill
@@ -225,7 +255,8 @@ class DeviceSteps:
             last chunk:  x_L = pick(H_{L-1}); tokens[slot, L] = x_L; n = L+1; stop, eos, seed,
                          counter (1 after a sampled x_L, else 0) and done = (x_L == eos or L+1 >= stop)
 
-        Returns int64 [B, 2]: PassResult (x_L, done) per row."""
+        Returns int64 [B, 3]: PassResult (x_L, done, nonfinite) per row; nonfinite = NonFinite.PREFILL when
+        the chunk's trunk or depth hidden states (or the probabilities x_L is sampled from) are not finite."""
         st, dev, k = self.state, rows.device, dec.k
         B, scratch = rows.shape[0], st.scratch
         slot, c0, length, L, stop, eos, seed, last = rows[:, :PASS_COLUMNS].unbind(1)
@@ -237,12 +268,14 @@ class DeviceSteps:
         pos = torch.where(t[:T] < length[:, None], p[:, :T], -1).int()
         slot32 = slot.int()
         hidden = forward.trunk_forward(self.W, self.trunk_caches, ids[:, :T].contiguous(), slot32, pos, prefill=True)
+        bad = rows_not_finite(hidden, pos >= 0)
         st.hidden.index_put_((torch.where(pos >= 0, slot[:, None], scratch), pos.clamp(min=0)), hidden)
         d_pos = torch.where(pos < (L - 1 - k)[:, None], pos, -1)                # depth rows p <= L-2-k
         h, width = hidden, st.tokens.shape[1]
         for m in range(k):
             tok = st.tokens[slot[:, None], (p[:, :T] + m + 1).clamp(max=width - 1)]   # x_{p+m+1}
             h = forward.depth_forward(self.W, m, self.depth_caches[m], h, tok, slot32, d_pos, prefill=True)
+            bad = bad | rows_not_finite(h, d_pos >= 0)
         h_last = hidden[torch.arange(B, device=dev), (length - 1).clamp(min=0)]  # H_{c0+l-1}
         counter = torch.zeros(B, dtype=torch.int64, device=dev)
         if dec.greedy:
@@ -253,14 +286,17 @@ class DeviceSteps:
             else:
                 u = self.reference_uniforms[slot, 0]
                 counter += 1
-            first = sample_tokens(probs(forward.logits(self.W, h_last), dec.params), u)
+            p_first = probs(forward.logits(self.W, h_last), dec.params)
+            first = sample_tokens(p_first, u)
+            bad = bad | (last.bool() & ~torch.isfinite(p_first).all(dim=1))
         s = torch.where(last.bool(), slot, scratch)
         st.tokens.index_put_((s, L), first)
-        done = (first == eos) | (L + 1 >= stop)
+        done = (first == eos) | (L + 1 >= stop) | bad
         for dst, value in ((st.n, L + 1), (st.stop, stop), (st.eos, eos), (st.seeds, seed), (st.counters, counter),
                            (st.done, done)):
             dst.index_put_((s,), value)
-        return torch.stack([first, done.long()], dim=1)
+        nonfinite = torch.where(bad, NonFinite.PREFILL, NonFinite.NONE)
+        return torch.stack([first, done.long(), nonfinite], dim=1)
 
     # ------------------------------------------------------------------------------------------ catch-up
     def catchup_rows(self, rows: torch.Tensor, T: int, dec: Decoding) -> torch.Tensor:

@@ -271,7 +271,8 @@ class Engine:
     @torch.no_grad()
     def run_cycle(self, slots: list[int], dec: Decoding) -> list[list[int]]:
         """One cycle for the sequences in `slots` (graph replay, or eager); waits for it and returns per
-        sequence its result row (step_io.CycleColumns: a, b, d_1..d_k, k_eff, emitted, eos, done, live)."""
+        sequence its result row (step_io.CycleColumns: a, b, d_1..d_k, k_eff, emitted, eos, done, live,
+        nonfinite)."""
         self._check_slots(slots)
         _, launched = self.scheduler.launch_slots(list(slots), dec)
         if launched.ready is not None:

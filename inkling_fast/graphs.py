@@ -6,7 +6,7 @@ input tensor and one result tensor, so it is captured once and replayed:
     static input    cycle: int32 [B], the slot of each batch row (-1: padding row)
                     prefill pass: int64 [B, PASS_COLUMNS + T + k], the pass's rows
     replay          every kernel of the step; the device state (caches, tokens, n, done) changes in place
-    static output   cycle: int64 [B, k+7]; prefill pass: int64 [B, 2]
+    static output   cycle: int64 [B, k+8]; prefill pass: int64 [B, 3]
 
 The host copies a step's input in (asynchronously, from pinned memory) before the replay and its
 result out (one asynchronous copy into pinned memory, with an event to wait on) right after it, on

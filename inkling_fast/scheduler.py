@@ -16,7 +16,8 @@ wait, book it), token for token and record for record.
     cycle     every sequence whose prompt is in and that is not known to be finished, padded to the
               next captured batch size
     book      the emitted tokens and a CycleRecord per live row, built as inkling_ref.generate builds
-              them; a finished sequence frees its slot
+              them; a finished sequence frees its slot. A row whose step produced a NaN or an infinity
+              (its `nonfinite` column) raises NonFiniteError naming the step: nothing of it is booked
 
 With a depth policy (num_speculative_tokens="auto": inkling_ref.decoding.adaptive) the k of each cycle
 is the policy's choice for the batch it launches: the policy sees every cycle's measured device time
@@ -39,12 +40,13 @@ import torch
 
 from inkling_ref.decoding.adaptive import DepthPolicy, FixedDepth
 from inkling_ref.decoding.generation import CycleRecord, Uniforms
+from inkling_ref.decoding.speculative import NonFiniteError, non_finite_message
 
 from .catchup import DepthRows, catchup_passes
 from .graphs import Launched, StepRunner
 from .prefill_plan import plan_prefill_pass
-from .step_io import (PASS, PASS_COLUMNS, PASS_RESULT, CatchupKey, CycleColumns, CycleKey, Decoding, PassColumns,
-                      PrefillKey)
+from .step_io import (PASS, PASS_COLUMNS, PASS_RESULT, CatchupKey, CycleColumns, CycleKey, Decoding, NonFinite,
+                      PassColumns, PrefillKey)
 
 
 @dataclass(frozen=True)
@@ -287,6 +289,9 @@ class Scheduler:
             self.policy.observe_cost(step.key.batch_size, step.key.decoding.k, step.launched.device_ms(),
                                      catchup_rows=step.key.length)
         elif isinstance(step.key, PrefillKey):
+            for row in rows[: len(step.seqs)]:
+                if row[PASS_RESULT.nonfinite]:
+                    raise NonFiniteError(non_finite_message(NonFinite.step(row[PASS_RESULT.nonfinite])))
             for seq, row, last in zip(step.seqs, rows, step.last):
                 if last:
                     seq.out.append(row[PASS_RESULT.first])
@@ -296,6 +301,9 @@ class Scheduler:
         else:
             k = step.key.decoding.k
             c, counted = CycleColumns(k), []
+            for row in rows[: len(step.seqs)]:
+                if row[c.live] and row[c.nonfinite]:
+                    raise NonFiniteError(non_finite_message(NonFinite.step(row[c.nonfinite])))
             for seq, row in zip(step.seqs, rows):
                 if row[c.live]:                       # else: finished in an earlier cycle, a padding row here
                     record = CycleRecord.of_cycle(k, row[c.drafts: c.drafts + row[c.k_eff]], row[c.a], row[c.b],

@@ -4,10 +4,10 @@ A step is a fixed sequence of kernel launches whose shapes depend only on its ke
 captured per key (graphs.py), and the data that changes from call to call travels in one input tensor:
 
     CycleKey(batch_size, decoding)            cycle input: int32 [B], the slot of each batch row (-1: padding)
-                                              result: int64 [B, k + 7], columns CycleColumns(k)
+                                              result: int64 [B, k + 8], columns CycleColumns(k)
     PrefillKey(batch_size, length, decoding)  pass input: int64 [B, PASS_COLUMNS + T + k], a row per chunk
                                               (PassColumns, then the chunk's tokens)
-                                              result: int64 [B, 2], columns PassResult
+                                              result: int64 [B, 3], columns PassResult
     CatchupKey(batch_size, length, decoding)  catch-up input: int64 [B, 3], a row per sequence: slot, the
                                               first row c0, the rows to recompute (<= length)
                                               result: int64 [B, 1], the rows recomputed
@@ -83,15 +83,34 @@ class Batch:
 
 
 class CycleColumns:
-    """Columns of a cycle's result row (int64 [B, k+7]): a, b, d_1..d_k, then k_eff, the number of
+    """Columns of a cycle's result row (int64 [B, k+8]): a, b, d_1..d_k, then k_eff, the number of
     tokens emitted (a+1, or up to and including an EOS), whether an EOS was emitted, whether the
-    sequence is done after the cycle, and whether the row ran live (0: padding or an already finished
-    sequence; nothing to book)."""
+    sequence is done after the cycle, whether the row ran live (0: padding or an already finished
+    sequence; nothing to book), and `nonfinite`: the NonFinite code of the first step of the row that
+    produced a NaN or an infinity (0: none; then nothing else in the row may be trusted)."""
 
     def __init__(self, k: int):
         self.a, self.b, self.drafts = 0, 1, 2
         self.k_eff, self.emitted, self.eos, self.done, self.live = k + 2, k + 3, k + 4, k + 5, k + 6
-        self.width = k + 7
+        self.nonfinite = k + 7
+        self.width = k + 8
+
+
+class NonFinite:
+    """Codes of the `nonfinite` result column: which step of a row first produced a non-finite value in
+    the hidden states it hands on (or the probabilities it samples from). The device steps compute it
+    from tensors they already hold (a reduction over the rows' valid positions, no host sync), and the
+    scheduler raises when it books a row that carries one."""
+    NONE, PREFILL, VERIFY, DRAFT = 0, 1, 2, 3     # DRAFT + m: MTP depth m of a cycle's draft
+
+    @classmethod
+    def step(cls, code: int) -> str:
+        """The step a code names, in the reference's words (inkling_ref.decoding.speculative)."""
+        if code == cls.PREFILL:
+            return "prefill"
+        if code == cls.VERIFY:
+            return "verify"
+        return f"draft (MTP depth {code - cls.DRAFT})"
 
 
 class PassColumns(NamedTuple):
@@ -113,9 +132,11 @@ PASS_COLUMNS = len(PASS)
 
 
 class PassResult(NamedTuple):
-    """Columns of a prefill pass's result row (int64 [B, 2]); meaningful for a prompt's last chunk only."""
+    """Columns of a prefill pass's result row (int64 [B, 3]); first and done are meaningful for a prompt's
+    last chunk only, nonfinite for every chunk."""
     first: int      # x_L, the first new token
     done: int       # the sequence is done after it (x_L is its EOS, or max_new_tokens = 1)
+    nonfinite: int  # NonFinite.PREFILL if the chunk's hidden states (trunk or a depth) are not all finite
 
 
-PASS_RESULT = PassResult(0, 1)
+PASS_RESULT = PassResult(0, 1, 2)

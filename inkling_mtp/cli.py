@@ -24,6 +24,7 @@ import argparse
 import sys
 
 from inkling_ref import CheckpointError, ConfigError
+from inkling_ref.decoding.speculative import NonFiniteError
 
 from . import convert, generate
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         args.check(args)
     try:
         return args.func(args)
-    except (CheckpointError, ConfigError, ValueError, OSError) as e:
+    except (CheckpointError, ConfigError, ValueError, OSError, NonFiniteError) as e:
         print(f"inkling-mtp {args.command}: error: {e}", file=sys.stderr)
         return 1
 

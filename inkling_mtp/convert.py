@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from inkling_ref.io.checkpoint import convert_transformers_checkpoint
 
-from .argtypes import parse_size
+from .argtypes import parse_size, path
 
 
 def run(args) -> int:
@@ -24,10 +24,14 @@ def add(subparsers) -> None:
         description="Convert an Inkling checkpoint written by transformers' save_pretrained "
                     "(InklingForCausalLM, or the text part of InklingForConditionalGeneration) into the "
                     "released layout that inkling_ref.load_checkpoint reads. Safetensors only.")
-    p.add_argument("src", metavar="SRC", help="transformers checkpoint directory (config.json + safetensors)")
-    p.add_argument("dst", metavar="DST", help="output directory (released layout)")
+    p.add_argument("src", metavar="SRC", type=path, help="transformers checkpoint directory (config.json + safetensors)")
+    p.add_argument("dst", metavar="DST", type=path, help="output directory (released layout)")
     p.add_argument("--max-shard-size", type=parse_size, default=None, metavar="SIZE",
-                   help="write the trunk in shards of at most SIZE (e.g. 5GB) plus an index; "
-                        "default: one model.safetensors")
-    p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in DST")
+                   help="write the trunk in shards of at most SIZE (e.g. 5GB, 512MiB, 1000000; at least one "
+                        "byte) plus an index; default: one model.safetensors")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a checkpoint already in DST (its other files are kept). Without it a DST that "
+                        "holds a checkpoint is refused; a DST that is not empty but holds no checkpoint is "
+                        "always refused. The new files are written beside DST and swapped in when complete, "
+                        "so a failed convert leaves DST as it was")
     p.set_defaults(func=run)

@@ -11,7 +11,7 @@ from inkling_ref import DEFAULT_CHECKPOINT, CheckpointError
 from inkling_ref.decoding.generation import Limits, validate
 from inkling_ref.io.checkpoint import inspect_checkpoint, load_checkpoint, load_tokenizer
 
-from .argtypes import depth_count, integer, number
+from .argtypes import depth_count, integer, max_threads, number, path, threads, utf8_text
 
 
 def parse_ids(text: str) -> list[int]:
@@ -154,7 +154,7 @@ def run(args) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    path = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
+    path = Path(args.checkpoint) if args.checkpoint is not None else DEFAULT_CHECKPOINT
     config, depths = inspect_checkpoint(path)  # config.json and headers only: no weight is read yet
     k = args.k
     if k != "auto" and k > depths:
@@ -198,19 +198,25 @@ def add(subparsers) -> None:
         description="Generate with k drafts per cycle from the MTP head, on the fast engine (CUDA) or the\n"
                     "reference model (CPU), and print the continuation (stdout) and its acceptance statistics\n"
                     "(stderr).")
-    p.add_argument("--checkpoint", metavar="DIR", default=None,
-                   help=f"released-layout checkpoint (default: the bundled one, {DEFAULT_CHECKPOINT.name}/)")
+    p.add_argument("--checkpoint", metavar="DIR", type=path, default=None,
+                   help=f"released-layout checkpoint (default: the bundled one, {DEFAULT_CHECKPOINT.name}/; an "
+                        "empty DIR is an error)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the checkpoint)")
-    src.add_argument("--prompt-ids", metavar="IDS", type=parse_ids, help='prompt token ids, e.g. "3 17 5"')
+    src.add_argument("--prompt", metavar="TEXT", type=utf8_text,
+                     help="prompt text, valid UTF-8 (needs tokenizer.json in the checkpoint)")
+    src.add_argument("--prompt-ids", metavar="IDS", type=parse_ids,
+                     help='prompt token ids, e.g. "3 17 5": integers in 0..vocabulary size - 1')
     p.add_argument("--k", type=depth_count, default=4, metavar="N",
                    help="draft tokens per cycle, at most the checkpoint's MTP depths (0 = plain decoding; "
                         "default 4), or auto: each cycle the k with the most expected tokens per second, "
                         "from measured cycle costs and the acceptance seen so far")
-    p.add_argument("--max-new-tokens", type=integer(1), default=64, metavar="N", help="default 64")
+    p.add_argument("--max-new-tokens", type=integer(1), default=64, metavar="N",
+                   help="an integer >= 1, with the prompt at most the model's maximum length (default 64)")
     p.add_argument("--temperature", type=number(0), default=0.0, metavar="T",
-                   help="0 = greedy (the default); > 0 samples, with --top-k, --top-p and --seed")
-    p.add_argument("--top-k", type=integer(1), default=None, metavar="K", help="sample among the K most likely")
+                   help="0 = greedy (the default); > 0 samples, with --top-k, --top-p and --seed (any finite "
+                        "T > 0, down to the smallest positive double, where sampling is greedy in the limit)")
+    p.add_argument("--top-k", type=integer(1), default=None, metavar="K",
+                   help="sample among the K most likely, an integer >= 1 (any K >= the vocabulary keeps all)")
     p.add_argument("--top-p", type=number(0, 1, lo_open=True), default=None, metavar="P",
                    help="sample among the most likely tokens that together reach probability P, 0 < P <= 1")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="seed of the sampling (any integer)")
@@ -220,6 +226,7 @@ def add(subparsers) -> None:
                    help="ref: the reference (CPU); fast: inkling_fast.Engine, Triton kernels in CUDA graphs "
                         "(needs a GPU). Default: fast when a GPU is present and --dtype is one it runs, "
                         "else ref")
-    p.add_argument("--threads", type=integer(1), default=1, metavar="N",
-                   help="CPU threads for torch (default 1: the reference's many small ops run fastest on one)")
+    p.add_argument("--threads", type=threads, default=1, metavar="N",
+                   help="CPU threads for torch, 1 to the number of CPUs of this machine "
+                        f"({max_threads()} here) (default 1: the reference's many small ops run fastest on one)")
     p.set_defaults(func=run, check=lambda args: check_generate_args(p, args))

@@ -11,6 +11,7 @@
 from .decoding import speculative  # the cycle: prefill, draft, verify, accept_greedy, commit
 from .decoding.generation import AcceptanceStats, CycleRecord, GenerationResult, generate
 from .decoding.sampling import SamplingParams
+from .decoding.speculative import NonFiniteError
 from .io.checkpoint import DEFAULT_CHECKPOINT, CheckpointError, load_checkpoint, save_checkpoint
 from .io.config import ConfigError, InklingConfig
 from .model.cache import LayerCache, TrunkCache
@@ -18,5 +19,6 @@ from .model.model import InklingModel
 from .model.random_init import random_model, randomize_
 
 __all__ = ["AcceptanceStats", "CheckpointError", "ConfigError", "CycleRecord", "DEFAULT_CHECKPOINT",
-           "GenerationResult", "InklingConfig", "InklingModel", "LayerCache", "SamplingParams", "TrunkCache",
+           "GenerationResult", "InklingConfig", "InklingModel", "LayerCache", "NonFiniteError", "SamplingParams",
+           "TrunkCache",
            "generate", "load_checkpoint", "random_model", "randomize_", "save_checkpoint", "speculative"]

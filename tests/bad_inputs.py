@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 import inkling_ref
 from inkling_ref import InklingConfig, generate, load_checkpoint, random_model, save_checkpoint
 from inkling_mtp.cli import main
+from inkling_ref.io.checkpoint import convert_transformers_checkpoint
 from inkling_ref.decoding.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,6 +51,20 @@ class Env:
         self.ckpt = root / "ckpt"
         self.model = random_model(tiny_random_config(), seed=0)
         save_checkpoint(self.model, self.ckpt, overwrite=True)
+        self._hf = None
+
+    def hf_source(self) -> Path:
+        """The tiny model's trunk in the transformers layout (what `convert` reads), written once."""
+        if self._hf is None:
+            from inkling_ref.io import names, transformers_layout
+            self._hf = self.root / "hf"
+            self._hf.mkdir()
+            released = {names.to_released(n): p.detach().clone() for n, p in self.model.named_parameters()
+                        if not n.startswith("mtp.")}
+            save_file(transformers_layout.from_released(released), self._hf / "model.safetensors")
+            cfg = dict(self.model.config.to_transformers_dict(), model_type="inkling_text")
+            (self._hf / "config.json").write_text(json.dumps(cfg))
+        return self._hf
 
     def copy(self, name: str, edit: Callable[[Path], None] | None = None) -> Path:
         d = self.root / name
@@ -67,19 +82,63 @@ class Outcome:
     message: str   # the stderr of the command line, or the exception's message
 
 
+def run_main(env: Env, argv) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of the command line; `{ckpt}` in an argument is the tiny checkpoint,
+    `{tmp}` the scratch directory, a function of env an argument made at run time."""
+    args = [a.format(ckpt=env.ckpt, tmp=env.root) if isinstance(a, str) else a(env) for a in argv]
+    err, out = io.StringIO(), io.StringIO()
+    # as on a machine without a GPU, so that the outcome is the same everywhere
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), \
+            mock.patch.object(torch.cuda, "is_available", lambda: False):
+        try:
+            code = main(args)
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
 def cli(*argv) -> Callable[[Env], Outcome]:
-    """A command line: `{ckpt}` in an argument is the tiny checkpoint, `{tmp}` the scratch directory."""
+    """A command line: its exit status and stderr."""
     def run(env: Env) -> Outcome:
-        args = [a.format(ckpt=env.ckpt, tmp=env.root) if isinstance(a, str) else a(env) for a in argv]
-        err, out = io.StringIO(), io.StringIO()
-        # as on a machine without a GPU, so that the outcome is the same everywhere
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), \
-                mock.patch.object(torch.cuda, "is_available", lambda: False):
-            try:
-                code = main(args)
-            except SystemExit as e:
-                code = e.code
-        return Outcome(f"exit {code}", err.getvalue())
+        code, _, err = run_main(env, argv)
+        return Outcome(f"exit {code}", err)
+    return run
+
+
+def cli_like(argv, same_as, says: str) -> Callable[[Env], Outcome]:
+    """A command line that must run and print what `same_as` prints: exit 0 and `says` (with {out}, the
+    continuation), or the difference."""
+    def run(env: Env) -> Outcome:
+        code, out, err = run_main(env, argv)
+        code_b, out_b, _ = run_main(env, same_as)
+        if code != 0 or out != out_b:
+            return Outcome(f"exit {code}", f"{err}\nprinted {out!r}, not {out_b!r}")
+        return Outcome("exit 0", says.format(out=out.strip()))
+    return run
+
+
+def leaves_dst(run_fn: Callable[[Env], Outcome], dst: str, prepare: Callable[[Env, Path], None]):
+    """`run_fn` over the directory env.root / dst prepared by prepare(env, path): its outcome, with
+    ", DST CHANGED" added to the kind unless the directory is byte-identical afterwards."""
+    def run(env: Env) -> Outcome:
+        d = env.root / dst
+        if d.exists():
+            shutil.rmtree(d)
+        prepare(env, d)
+        before = {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+        out = run_fn(env)
+        after = {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+        return out if after == before else Outcome(out.kind + ", DST CHANGED", out.message)
+    return run
+
+
+def runs(fn: Callable[[Env], str]) -> Callable[[Env], Outcome]:
+    """An API call that must work: fn(env) returns what it gave, in words (the outcome "runs")."""
+    def run(env: Env) -> Outcome:
+        try:
+            return Outcome("runs", fn(env))
+        except Exception as e:  # noqa: BLE001
+            return Outcome(type(e).__name__, str(e))
     return run
 
 
@@ -217,8 +276,8 @@ CASES = [
     bad_flag("--top-p", "0", "argument --top-p: must be a finite number in (0, 1], got '0'", sampling=True),
     bad_flag("--top-p", "1.5", "in (0, 1], got '1.5'", sampling=True),
     bad_flag("--top-k", "0", "argument --top-k: must be an integer >= 1, got '0'", sampling=True),
-    bad_flag("--threads", "0", "argument --threads: must be an integer >= 1, got '0'"),
-    bad_flag("--threads", "two", "argument --threads: must be an integer >= 1, got 'two'"),
+    bad_flag("--threads", "0", "argument --threads: must be an integer from 1 to"),
+    bad_flag("--threads", "two", "argument --threads: must be an integer from 1 to"),
     bad_flag("--k", "-1", "argument --k: must be an integer >= 0, got '-1'"),
     bad_flag("--max-new-tokens", "0", "argument --max-new-tokens: must be an integer >= 1, got '0'"),
     Case("CLI", '`--prompt-ids "1 x"`', cli(*GEN, "--prompt-ids", "1 x"),
@@ -415,6 +474,227 @@ CASES = [
 ]
 
 
+def tensor_as(name: str, dtype, file: str = "model.safetensors"):
+    """Store tensor `name` in `dtype`."""
+    def edit(d: Path):
+        tensors = load_file(d / file)
+        tensors[name] = tensors[name].to(dtype)
+        save_file(tensors, d / file)
+    return edit
+
+
+def without(section: str, key: str):
+    return edit_config(lambda c: c[section].pop(key))
+
+
+def set_key(section: str, key: str, value):
+    return edit_config(lambda c: c[section].update({key: value}))
+
+
+def drop_key(section: str | None, key: str):
+    def edit(d: dict):
+        (d if section is None else d[section]).pop(key)
+    return edit
+
+
+def earlier_checkpoint(env: Env, d: Path) -> None:
+    """An earlier conversion in d, and a file of the user's beside it."""
+    convert_transformers_checkpoint(env.hf_source(), d)
+    (d / "tokenizer.json").write_text("{}")
+
+
+def user_files(env: Env, d: Path) -> None:
+    d.mkdir(parents=True)
+    (d / "thesis.tex").write_text("years of work")
+
+
+def meta_ids(env: Env):
+    return torch.tensor([[1, 2]], device="meta")
+
+
+def same_tokens(env: Env, **kwargs) -> str:
+    want = generate(env.model, [1, 2, 3], max_new_tokens=6, num_speculative_tokens=2)
+    got = generate(env.model, [1, 2, 3], max_new_tokens=6, num_speculative_tokens=2, seed=1, **kwargs)
+    if got.token_ids != want.token_ids:
+        raise AssertionError(f"{got.token_ids} differ from greedy {want.token_ids}")
+    return f"the greedy tokens {got.token_ids[0]}, acceptance length {got.stats.acceptance_length:.2f} as greedy"
+
+
+def absurd_route_scale(env: Env):
+    cfg = tiny_random_config().replace(route_scale=1e300)
+    model = random_model(cfg, seed=0)
+    generate(model, [1, 2, 3], max_new_tokens=4, num_speculative_tokens=2)
+
+
+def load_on_cuda_without_cuda(env: Env):
+    with mock.patch.object(torch.cuda, "is_available", lambda: False):   # as on a machine without a GPU
+        load_checkpoint(env.ckpt, device="cuda")
+
+
+TINY_T = ("--temperature", "1e-310")
+HUGE = "99999999999"
+
+CASES += [
+    # --- the command line: flags without bounds before (exit 2)
+    bad_flag("--threads", "5000", "argument --threads: must be an integer from 1 to"),
+    bad_flag("--threads", HUGE, "argument --threads: must be an integer from 1 to"),
+    Case("CLI", '`--checkpoint ""` (silently the bundled demo before)',
+         cli("generate", "--checkpoint", "", "--prompt-ids", "1 2"),
+         "exit 2", "argument --checkpoint: an empty path ('')"),
+    Case("CLI", "`--prompt` whose bytes are not UTF-8 (`caf\\xe9`, a tokenizer traceback before)",
+         cli(*GEN, "--prompt", "caf\udce9"),
+         "exit 2", "argument --prompt: not valid UTF-8 text (byte 0xe9 at character 3)"),
+    Case("CLI", '`convert SRC ""`', cli("convert", "{ckpt}", ""), "exit 2", "argument DST: an empty path ('')"),
+    Case("CLI", '`convert "" DST`', cli("convert", "", "{tmp}/out"), "exit 2", "argument SRC: an empty path ('')"),
+    Case("CLI", "`convert SRC DST --max-shard-size 0.5` (0 bytes)",
+         cli("convert", "{ckpt}", "{tmp}/out", "--max-shard-size", "0.5"),
+         "exit 2", "argument --max-shard-size: '0.5' is less than one byte"),
+    Case("CLI", "`convert SRC DST --overwrite --max-shard-size 0.5` over an earlier checkpoint (emptied DST before; "
+                "DST is left byte-identical)",
+         leaves_dst(cli("convert", lambda env: str(env.hf_source()), "{tmp}/earlier", "--overwrite",
+                        "--max-shard-size", "0.5"), "earlier", earlier_checkpoint),
+         "exit 2", "'0.5' is less than one byte"),
+    # --- the command line: these files cannot serve it (exit 1)
+    Case("CLI", "`convert SRC DST --overwrite` into a directory of other files (DST is left byte-identical)",
+         leaves_dst(cli("convert", lambda env: str(env.hf_source()), "{tmp}/home", "--overwrite"), "home",
+                    user_files),
+         "exit 1", "<tmp>/home is not empty and holds no checkpoint (thesis.tex): refusing to write a checkpoint "
+                   "into it, even with overwrite"),
+    Case("CLI", f"`--k {HUGE}`", cli(*GEN, "--prompt-ids", "1 2", "--k", HUGE),
+         "exit 1", f"--k {HUGE}: the checkpoint <tmp>/ckpt has 8 MTP depths, so --k can be 0 to 8"),
+    Case("CLI", f"`--max-new-tokens {HUGE}`", cli(*GEN, "--prompt-ids", "1 2", "--max-new-tokens", HUGE),
+         "exit 1", "at most 1022 new tokens fit"),
+    Case("CLI", '`--prompt-ids "-1 2"`', cli(*GEN, "--prompt-ids", "-1 2"),
+         "exit 1", "the prompt (--prompt-ids) has token ids out of range 0..499: [-1]"),
+    Case("CLI", "a config.json with `route_scale` 1e300 (every logit NaN: one repeated token and 100 % acceptance "
+                "before)",
+         cli("generate", "--checkpoint", checkpoint_dir("route", set_key("text_config", "route_scale", 1e300)),
+             "--prompt-ids", "1 2", "--max-new-tokens", "4"),
+         "exit 1", "the prefill pass produced NaN or infinite values, so no token can be chosen from it"),
+    Case("CLI", "a config.json with `logits_mup_width_multiplier` 1e-300 (0 in float32)",
+         cli("generate", "--checkpoint", checkpoint_dir("mup", set_key("text_config", "logits_mup_width_multiplier",
+                                                                       1e-300)),
+             "--prompt-ids", "1 2", "--max-new-tokens", "4"),
+         "exit 1", "the prefill pass produced NaN or infinite values"),
+    *[Case("CLI", f"a config.json without `{key}` (silently the full-size model's value before)",
+           cli("generate", "--checkpoint", checkpoint_dir("nokey", without("text_config", key)), "--prompt-ids", "1 2"),
+           "exit 1", f"<tmp>/nokey/config.json: config field '{field}'")
+      for key, field in (("route_scale", "route_scale"), ("num_experts_per_tok", "num_experts_per_tok"),
+                         ("logits_mup_width_multiplier", "mup"), ("log_scaling_n_floor", "log_scaling_n_floor"))],
+    Case("CLI", "a config.json declaring 200,000 layers (a hang before)",
+         cli("generate", "--checkpoint", checkpoint_dir("layers", set_key("text_config", "num_hidden_layers", 200000)),
+             "--prompt-ids", "1 2"),
+         "exit 1", "(num_hidden_layers in config.json): 200000 layers is beyond any model (at most 10000)"),
+    Case("CLI", "a config.json declaring 5,000 layers (4 in the files)",
+         cli("generate", "--checkpoint", checkpoint_dir("layers", set_key("text_config", "num_hidden_layers", 5000)),
+             "--prompt-ids", "1 2"),
+         "exit 1", "= 5000, but its files hold 4 trunk layers (model.llm.layers.0 .. 3): config.json does not "
+                   "describe these weights"),
+    Case("CLI", "a config.json declaring 5,000 MTP depths (a hang before)",
+         cli("generate", "--checkpoint", checkpoint_dir("depths", both(
+             set_key("mtp_config", "num_nextn_predict_layers", 5000), set_key("mtp_config", "local_layer_ids", []))),
+             "--prompt-ids", "1 2"),
+         "exit 1", "= 5000, but its files hold 8 MTP depth(s) (model.mtp.layers.0 .. 7)"),
+    Case("CLI", "`--temperature 1e-310` (the last id every time before)",
+         cli_like((*GEN, "--prompt-ids", "1 2 3", "--k", "2", "--max-new-tokens", "6", *TINY_T),
+                  (*GEN, "--prompt-ids", "1 2 3", "--k", "2", "--max-new-tokens", "6"),
+                  "exit 0: prints what --temperature 0 prints ({out}), the greedy limit"),
+         "exit 0", "the greedy limit"),
+
+    # --- the API
+    Case("API", "`generate(..., max_new_tokens=[5])` (a list deep inside before)",
+         api(lambda env: generate(env.model, [1, 2], max_new_tokens=[5])),
+         "ValueError", "max_new_tokens must be an integer, got [5] (list): this generate takes one limit for every "
+                       "prompt"),
+    Case("API", "`generate(..., num_speculative_tokens=[2])`",
+         api(lambda env: generate(env.model, [1, 2], max_new_tokens=2, num_speculative_tokens=[2])),
+         "ValueError", "num_speculative_tokens must be an integer, got [2] (list)"),
+    Case("API", "`generate(..., top_k=[5])`",
+         api(lambda env: generate(env.model, [1, 2], max_new_tokens=2, temperature=1.0, top_k=[5])),
+         "ValueError", "top_k must be an integer >= 1 (or None), got [5]"),
+    Case("API", "`generate(model, ids)` with ids on the meta device",
+         api(lambda env: generate(env.model, meta_ids(env), max_new_tokens=2)),
+         "ValueError", "prompt_ids is on the meta device, which holds no values"),
+    Case("API", "`model.logits(ids)` with ids on the meta device", api(lambda env: env.model.logits(meta_ids(env))),
+         "ValueError", "input_ids is on the meta device, which holds no values"),
+    Case("API", "`model.logits(torch.zeros(1, 0, dtype=torch.long))`: no tokens",
+         api(lambda env: env.model.logits(torch.zeros(1, 0, dtype=torch.long))),
+         "ValueError", "input_ids has no tokens (shape [1, 0])"),
+    Case("API", "`model.mtp_logits(torch.zeros(0, 3, dtype=torch.long))`: no sequences",
+         api(lambda env: env.model.mtp_logits(torch.zeros(0, 3, dtype=torch.long))),
+         "ValueError", "input_ids has no tokens (shape [0, 3])"),
+    Case("API", "`model.hidden(ids)` with int64 ids as int16", api(lambda env: env.model.hidden(
+        torch.tensor([[1, 2]], dtype=torch.int16))),
+         "TypeError", "input_ids must be an integer tensor, got torch.int16"),
+    Case("API", "`generate(..., temperature=1e-310)` (the last id every time before)",
+         runs(lambda env: same_tokens(env, temperature=1e-310)), "runs", "the greedy tokens"),
+    Case("API", "`generate(..., temperature=5e-324)`: the smallest positive double",
+         runs(lambda env: same_tokens(env, temperature=5e-324, top_p=0.5)), "runs", "the greedy tokens"),
+    Case("API", "`generate(model)` of a model whose `route_scale` is 1e300",
+         api(absurd_route_scale), "NonFiniteError", "the prefill pass produced NaN or infinite values"),
+    Case("API", '`load_checkpoint(path, device="cuda")` on a machine without CUDA',
+         api(load_on_cuda_without_cuda),
+         "CheckpointError", "device='cuda', but this machine has no CUDA GPU"),
+    Case("API", '`load_checkpoint(path, device="meta")`', api(lambda env: load_checkpoint(env.ckpt, device="meta")),
+         "CheckpointError", "device='meta' holds no values"),
+    Case("API", '`load_checkpoint("")`', api(lambda env: load_checkpoint("")),
+         "CheckpointError", "a checkpoint path must be a non-empty str or Path, got ''"),
+    Case("API", "`load_checkpoint(None)`", api(lambda env: load_checkpoint(None)),
+         "CheckpointError", "a checkpoint path must be a non-empty str or Path, got None"),
+    Case("API", "`save_checkpoint(model, dir, overwrite=True)` into a directory of other files",
+         leaves_dst(api(lambda env: save_checkpoint(env.model, env.root / "home", overwrite=True)), "home", user_files),
+         "CheckpointError", "is not empty and holds no checkpoint (thesis.tex)"),
+    Case("API", "`save_checkpoint(model, dir, max_shard_bytes=0)`",
+         api(lambda env: save_checkpoint(env.model, env.root / "out0", max_shard_bytes=0)),
+         "CheckpointError", "max_shard_bytes must be a positive integer or None, got 0"),
+    Case("API", "`convert_transformers_checkpoint(src, dst, max_shard_bytes=0, overwrite=True)` over an earlier "
+                "checkpoint (DST is left byte-identical)",
+         leaves_dst(api(lambda env: convert_transformers_checkpoint(env.hf_source(), env.root / "earlier",
+                                                                    max_shard_bytes=0, overwrite=True)),
+                    "earlier", earlier_checkpoint),
+         "CheckpointError", "max_shard_bytes must be a positive integer or None, got 0"),
+
+    # --- configs
+    *[Case("config", f"no `{key}` (the full-size model's {default} before)", config(drop_key("text_config", key)),
+           "ConfigError", f"is missing{why}: it changes what the model computes and has no safe default")
+      for key, default, why in (("route_scale", "8.0", " and the model has MoE layers"),
+                                ("num_experts_per_tok", "6", " and the model has MoE layers"),
+                                ("logits_mup_width_multiplier", "24", ""), ("log_scaling_n_floor", "128000", ""),
+                                ("rms_norm_eps", "1e-6", ""), ("head_dim", "128", ""),
+                                ("local_layer_ids", "every sixth layer global", ""),
+                                ("model_max_length", "131072", ""))],
+    Case("config", "no `mtp_config.chain_hidden_post_norm` with 8 MTP depths",
+         config(drop_key("mtp_config", "chain_hidden_post_norm")),
+         "ConfigError", "is missing and the model has MTP depths"),
+    Case("config", "no `mtp_config.local_layer_ids` with 8 MTP depths (all global before)",
+         config(drop_key("mtp_config", "local_layer_ids")),
+         "ConfigError", "'mtp_layer_types' (released config.json: mtp_config.local_layer_ids; transformers: "
+                        "mtp_local_layer_ids) is missing and the model has MTP depths"),
+    Case("config", '`"num_hidden_layers": 1e12` (as an integer)', config(text(num_hidden_layers=10**12)),
+         "ConfigError", "1000000000000 layers is beyond any model (at most 10000)"),
+    Case("config", '`"hidden_size": 10**15`', config(text(hidden_size=10**15)),
+         "ConfigError", "config field 'hidden_size': 1000000000000000 is beyond any model (at most 2147483647)"),
+    Case("config", '`"num_nextn_predict_layers": 10**9`',
+         config(lambda d: d["mtp_config"].update(num_nextn_predict_layers=10**9, local_layer_ids=[])),
+         "ConfigError", "1000000000 MTP depths is beyond any model (at most 10000)"),
+
+    # --- checkpoints
+    Case("checkpoint", "an int32 weight (called quantized before)",
+         checkpoint(tensor_as("model.llm.norm.weight", torch.int32)),
+         "CheckpointError", "holds tensors of dtype I32, which no weight of this model has"),
+    Case("checkpoint", "a config declaring 5,000 MTP depths, loaded with `num_mtp_depths=4`",
+         checkpoint(both(set_key("mtp_config", "num_nextn_predict_layers", 5000),
+                         set_key("mtp_config", "local_layer_ids", [])), num_mtp_depths=4),
+         "CheckpointError", "= 5000, but its files hold 8 MTP depth(s)"),
+    Case("checkpoint", "a config whose `n_routed_experts` is 2**31 - 1",
+         checkpoint(set_key("text_config", "n_routed_experts", 2**31 - 1)),
+         "CheckpointError", "config field 'n_routed_experts' = 2147483647 is larger than any dimension of any tensor "
+                            "in its files (the largest is 512)"),
+    Case("checkpoint", "a config whose `hidden_size` is 10**7",
+         checkpoint(set_key("text_config", "hidden_size", 10**7)),
+         "CheckpointError", "config field 'hidden_size' = 10000000 is larger than any dimension"),
+]
+
 def run_case(case: Case, env: Env) -> Outcome:
     """Run one case; paths in its message are shown as <tmp>/ and <repo>/."""
     out = case.run(env)
@@ -433,8 +713,8 @@ def shown(out: Outcome) -> str:
         return out.message.rstrip("\n")
     lines = out.message.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("inkling-mtp ")), None)
-    if start is None:
-        return ""
+    if start is None:   # a run that works: the case's own words for what it printed
+        return out.message.strip()
     end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
     return "\n".join(lines[start:end])
 
@@ -454,7 +734,8 @@ Every row is a case of `tests/bad_inputs.py`, run by `tests/test_bad_inputs.py`;
 from their outcomes by `python scripts/bad_inputs_table.py`, and a test fails when it differs from
 what the code gives now. Paths are shown as `<tmp>/` (a scratch directory) and `<repo>/`. Words that
 Python, safetensors or tokenizers put inside a message (in parentheses after "not a readable ... file",
-after "malformed JSON:") are those of the versions that wrote this file and may differ with others.
+after "malformed JSON:") are those of the versions that wrote this file and may differ with others, and
+the largest `--threads` is the number of CPUs of the machine that wrote it.
 
 The rules:
 
@@ -463,7 +744,8 @@ The rules:
   and never a traceback. Exit status **2** when the command line is invalid whatever the checkpoint
   (a flag's value, flags that contradict each other; argparse prints the usage above the error line),
   **1** when it cannot run with these files (checkpoint, config, tokenizer, or a prompt, `--k` or
-  `--max-new-tokens` beyond what the checkpoint holds).
+  `--max-new-tokens` beyond what the checkpoint holds, or a model that computes NaN or infinity). A case
+  whose outcome is `exit 0` or `runs` is one that failed silently before and now does what a user expects.
 - **API**: a `ValueError` (or its subclasses `ConfigError` and `CheckpointError`) whose message names the
   argument, field or tensor and what is valid; a tensor of the wrong dtype given to the model is a
   `TypeError`. Checkpoint errors list every offending tensor, one per line, under one summary line.
@@ -477,9 +759,25 @@ Decisions:
 - A config key that is not an Inkling field is an error only where it looks like a misspelling of a field
   the file leaves out (closest spelling by `difflib`, ratio >= 0.8); other keys belong to transformers or
   to the other towers and are ignored.
+- Every config key that changes what the model computes must be in config.json (docs/checkpoint.md lists
+  every key, required or optional with its default); the config's layer and depth counts and its sizes
+  are checked against the safetensors headers before anything is built from them.
+- Every pass of generate checks that its hidden states and logits are finite (the fast engine: on the
+  device, read with each step's result): a model that overflows stops with the step it overflowed in.
+- A temperature down to the smallest positive double samples the greedy limit.
+- `convert` and `save_checkpoint` check every argument before they touch the destination, write beside
+  it and swap the result in when complete, and never write into a non-empty directory that holds no
+  checkpoint: a failure leaves the destination as it was.
 - Every weight is checked to be finite as it loads, and again after the cast to the requested dtype.
   Corrupted bytes are caught where they decode to NaN or infinity (random bytes do within a few hundred
   values); a corruption that decodes only to finite numbers cannot be told from a weight by its value.
+
+Beyond these rows, `tests/test_fuzz.py` fuzzes `inkling-mtp generate`: random edits of a copy of the
+demo checkpoint (config keys deleted, scaled, negated or retyped; tensor files truncated, bit-flipped
+or reshaped; the tokenizer corrupted) with random flag values. Every case must exit 0 with finite
+statistics, or exit 1 or 2 with one error line and no traceback, within a time limit. CI runs a fixed,
+derandomized set of 25 examples. A longer run:
+`INKLING_FUZZ_EXAMPLES=2000 INKLING_FUZZ_RANDOM=1 python -m pytest tests/test_fuzz.py`.
 
 """
 
@@ -491,6 +789,7 @@ LIBRARY_TEXT = [re.compile(p) for p in (
     r"(is not a readable tokenizer file) \([^`]*?\);",
     r"(malformed JSON): [^`]*",
     r"(invalid choice: 'float16') \([^`]*\)",
+    r"(must be an integer from 1 to) \d+",       # the CPUs of the machine that wrote the table
 )]
 
 

@@ -25,13 +25,16 @@ def test_bad_input_gets_one_clear_error(results, i):
     assert "Traceback" not in out.message
     if case.area == "CLI":  # one line from inkling-mtp: the error (or the warning of a run that goes on)
         said = [line for line in out.message.splitlines() if line.startswith("inkling-mtp ")]
-        assert len(said) == 1 and (": error: " in said[0] if case.expect != "exit 0" else ": warning: " in said[0])
+        if case.expect == "exit 0":
+            assert len(said) <= 1 and all(": warning: " in line for line in said)
+        else:
+            assert len(said) == 1 and ": error: " in said[0]
     assert shown(out).splitlines()[0].strip()
 
 
-def test_there_are_at_least_40_cases_in_every_area():
+def test_there_are_at_least_120_cases_in_every_area():
     areas = [c.area for c in CASES]
-    assert len(CASES) >= 40 and {"CLI", "API", "config", "checkpoint"} <= set(areas)
+    assert len(CASES) >= 120 and {"CLI", "API", "config", "checkpoint"} <= set(areas)
     assert len({c.given for c in CASES}) == len(CASES)
 
 

@@ -156,11 +156,21 @@ def test_fewer_depths_in_the_files_than_in_the_config(tmp_path):
     edit(tmp_path / "mtp.safetensors", lambda t: [t.pop(n) for n in depth1])
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(tmp_path)
-    assert f"missing tensors ({len(depth1)}):\n" + "".join(f"    {n}\n" for n in depth1) in message(e) + "\n"
+    said = ("mtp_config.num_nextn_predict_layers; transformers: num_mtp_layers) = 2, but its files hold 1 MTP "
+            "depth(s) (model.mtp.layers.0 .. 0): config.json does not describe these weights")
+    assert said in message(e)
+    with pytest.raises(CheckpointError) as e:     # the config is wrong whatever is asked of it
+        load_checkpoint(tmp_path, num_mtp_depths=1)
+    assert said in message(e)
+    # a depth the files hold only in part: its missing tensors are listed
+    edit(tmp_path / "mtp.safetensors", lambda t: t.update({n: torch.zeros(1) for n in depth1[:1]}))
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path)
+    assert f"missing tensors ({len(depth1) - 1}):\n" + "".join(f"    {n}\n" for n in depth1[1:]) in message(e) + "\n"
     assert "the first 1 MTP depth(s) are complete: num_mtp_depths=1 loads only those" in message(e)
     assert load_checkpoint(tmp_path, num_mtp_depths=1).num_mtp_depths == 1
     with pytest.raises(CheckpointError, match=r"has 1 complete MTP depth\(s\) \(its config.json declares 2\); "
-                                              r"depth 1 lacks: " + re.escape(", ".join(depth1))):
+                                              r"depth 1 lacks: " + re.escape(", ".join(depth1[1:]))):
         load_checkpoint(tmp_path, num_mtp_depths=2)
 
 
@@ -401,3 +411,39 @@ def test_loading_builds_no_initializers():
     out = subprocess.run([sys.executable, "-c", code, str(root / "inkling_ref" / "default_checkpoint")],
                          capture_output=True, text=True, cwd=root, check=True).stdout.strip()
     assert out == "False", "loading a checkpoint imported torch._dynamo (a random init ran on the meta device)"
+
+
+# ---------------------------------------------------------------------- the config against the weights
+@pytest.mark.parametrize("where,key,value,says", [
+    ("text_config", "num_hidden_layers", 5000, "= 5000, but its files hold 4 trunk layers (model.llm.layers.0 .. 3)"),
+    ("mtp_config", "num_nextn_predict_layers", 5000, "= 5000, but its files hold 2 MTP depth(s)"),
+    ("text_config", "n_routed_experts", 2**31 - 1, "config field 'n_routed_experts' = 2147483647 is larger than "
+                                                   "any dimension of any tensor in its files"),
+    ("text_config", "hidden_size", 10**7, "config field 'hidden_size' = 10000000 is larger than any dimension"),
+])
+def test_sizes_are_checked_against_the_weights_first(saved, where, key, value, says):
+    """A config that declares more than its weights hold fails at once (nothing proportional to the
+    declared size is built), in one line naming the key."""
+    import time
+    from inkling_ref.io.checkpoint import inspect_checkpoint
+    cfg = json.loads((saved / "config.json").read_text())
+    cfg[where][key] = value
+    (saved / "config.json").write_text(json.dumps(cfg))
+    for load in (load_checkpoint, inspect_checkpoint):
+        t0 = time.perf_counter()
+        with pytest.raises(CheckpointError) as e:
+            load(saved)
+        assert time.perf_counter() - t0 < 1
+        assert says in message(e) and "\n" not in message(e), message(e)
+
+
+@pytest.mark.parametrize("key", ["route_scale", "num_experts_per_tok", "logits_mup_width_multiplier",
+                                 "log_scaling_n_floor"])
+def test_a_missing_key_names_the_key_and_the_file(saved, key):
+    cfg = json.loads((saved / "config.json").read_text())
+    del cfg["text_config"][key]
+    (saved / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as e:
+        load_checkpoint(saved)
+    assert message(e).startswith(f"{saved / 'config.json'}: config field ") and key in message(e)
+    assert "is missing" in message(e) and "\n" not in message(e)

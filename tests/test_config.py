@@ -80,7 +80,8 @@ def test_every_spelling_of_the_key_table(spelling):
 
 def test_flat_transformers_text_config_with_mtp_fields():
     t = {k: v for k, v in TINY.to_transformers_dict().items()}
-    t.update(model_type="inkling_text", num_mtp_layers=2, mtp_local_layer_ids=[0], local_layer_ids=None)
+    t.update(model_type="inkling_text", num_mtp_layers=2, mtp_local_layer_ids=[0], local_layer_ids=None,
+             chain_hidden_post_norm=False)
     assert InklingConfig.from_dict(t) == TINY
 
 
@@ -320,3 +321,101 @@ def test_unknown_keys_that_resemble_no_missing_field_are_ignored():
     d.update(architectures=["InklingForConditionalGeneration"], vision_config={"hidden_size": 8}, dtype="bf16")
     d["text_config"].update(rope_theta=1e6, pad_token_id=0, sliding_window_sizes=[8], initializer_range=0.02)
     assert InklingConfig.from_dict(d) == TINY
+
+
+# ----------------------------------------------------------------------------- required keys
+def _required_spellings():
+    """(field, the released key to delete, where) for every field a config must give; the tiny config has
+    MoE, sliding and MTP layers, so every conditionally required field is required here."""
+    from inkling_ref.io.config import KEYS, REQUIRED
+    out = []
+    for key in KEYS:
+        if key.default is REQUIRED or key.required_if is not None:
+            if key.field in ("dense_intermediate_size", "moe_intermediate_size"):
+                continue   # required by the MLP kinds, with their own message (test_bad_config_error_names_the_field)
+            if key.field in ("layer_types", "mlp_types"):
+                continue   # below: two spellings each
+            out.append((key.field, key.released))
+    return out
+
+
+@pytest.mark.parametrize("field,released_key", _required_spellings())
+def test_a_missing_required_key_is_one_line_naming_it(field, released_key):
+    d = released()
+    where = d["mtp_config"] if released_key.startswith("mtp_config.") else d["text_config"]
+    del where[released_key.removeprefix("mtp_config.")]
+    with pytest.raises(ConfigError) as e:
+        InklingConfig.from_dict(d)
+    msg = str(e.value)
+    assert "\n" not in msg and "is missing" in msg and released_key in msg, msg
+
+
+@pytest.mark.parametrize("given", [["local_layer_ids"], ["dense_mlp_idx"]])
+def test_per_layer_kinds_are_required(given):
+    d = released()
+    for k in given:
+        del d["text_config"][k]
+    with pytest.raises(ConfigError, match=f"{given[0]}.* is missing"):
+        InklingConfig.from_dict(d)
+
+
+def test_optional_keys_take_their_documented_defaults():
+    d = released()
+    d["text_config"].pop("eos_token_id", None)
+    d["mtp_config"].pop("apply_log_scaling", None)
+    cfg = InklingConfig.from_dict(d)
+    assert cfg.eos_token_id is None and cfg.bos_token_id is None and cfg.mtp_apply_log_scaling is False
+    # without an MTP head, its fields compute nothing and may be left out
+    cfg = InklingConfig.from_dict(released(mtp={}))
+    assert cfg.num_mtp_depths == 0 and cfg.chain_hidden_post_norm is False
+    # without sliding layers, the sliding layers' shapes may be left out (the global head counts are copied)
+    t = released_text()
+    for k in ("swa_num_attention_heads", "swa_num_key_value_heads", "swa_head_dim", "sliding_window_size"):
+        del t[k]
+    t["local_layer_ids"] = []
+    cfg = InklingConfig.from_dict(released(t, mtp={"num_nextn_predict_layers": 2, "local_layer_ids": [],
+                                                   "chain_hidden_post_norm": False}))
+    assert (cfg.swa_num_heads, cfg.swa_num_kv_heads) == (cfg.num_heads, cfg.num_kv_heads)
+    # a nullable key given as null is given: log-tau off
+    t = released_text()
+    t["log_scaling_n_floor"] = None
+    assert InklingConfig.from_dict(released(t)).log_scaling_n_floor is None
+
+
+def test_docs_list_every_key_the_loader_reads():
+    """docs/checkpoint.md has one row per key of the table: its released spelling, and 'required' (or
+    'required with ...') or its default, as the table says."""
+    from pathlib import Path
+    from inkling_ref.io.config import KEYS, REQUIRED
+    text = (Path(__file__).resolve().parents[1] / "docs" / "checkpoint.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in text.splitlines()
+            if line.startswith("| `")}
+    for key in KEYS:
+        row = rows.get(key.released)
+        assert row is not None, f"docs/checkpoint.md lists no key {key.released}"
+        cells = [c.strip() for c in row.split("|")]
+        if key.field in ("dense_intermediate_size", "moe_intermediate_size"):   # required by the MLP kinds
+            assert cells[3].startswith("required with"), row
+        elif key.default is REQUIRED and key.required_if is None:
+            assert cells[3] == "required", row
+        elif key.required_if is not None:
+            assert cells[3] == f"required with {key.required_if}", row
+        else:
+            assert cells[3] == "optional", row
+
+
+def test_absurd_sizes_are_refused_at_once():
+    import time
+    from inkling_ref.io.config import MAX_LAYERS, MAX_SIZE
+    for text, pattern in ((dict(num_hidden_layers=10**12), rf"num_hidden_layers.*at most {MAX_LAYERS}"),
+                          (dict(hidden_size=10**15), rf"'hidden_size': 1000000000000000 is beyond any model "
+                                                     rf"\(at most {MAX_SIZE}\)")):
+        t = released_text()
+        t.update(text)
+        t0 = time.perf_counter()
+        with pytest.raises(ConfigError, match=pattern):
+            InklingConfig.from_dict(released(t))
+        assert time.perf_counter() - t0 < 1
+    with pytest.raises(ConfigError, match=rf"num_nextn_predict_layers.*at most {MAX_LAYERS}"):
+        InklingConfig.from_dict(released(mtp={"num_nextn_predict_layers": 10**9, "local_layer_ids": [],
+                                              "chain_hidden_post_norm": False}))

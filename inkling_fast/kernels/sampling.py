@@ -4,7 +4,8 @@
                                                          probabilities
     sample_tokens(p, u)              inverse CDF: the smallest id i with cumsum(p)[i] > u * sum(p)
 
-`sampling_probs` is vectorized torch on the logits' device (softmax in float64; a stable sort only
+`sampling_probs` is vectorized torch on the logits' device (softmax in float64 of (logits - max) / T,
+sound at every T > 0 down to the smallest positive double: the greedy limit; a stable sort only
 when top-k or top-p is set), with exactly the rules of the reference's `probs` (inkling_ref/decoding/sampling.py): the k most likely
 ids, ties towards lower ids; then the smallest prefix of that order whose mass reaches top_p,
 renormalizing after each filter. It never synchronizes with the host (every shape and parameter is
@@ -54,7 +55,10 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int | None =
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1:
         raise ValueError("logits must be a float tensor [..., V]")
     V = logits.shape[-1]
-    p = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
+    z = logits.to(torch.float64)
+    # the maximum first, then the division: exponents (l - max) / T <= 0 stay finite or -inf at every
+    # T > 0 (dividing first overflows to inf at a tiny T, and inf - inf is NaN)
+    p = torch.softmax((z - z.amax(-1, keepdim=True)) / temperature, dim=-1)
     if top_k is None and top_p is None:
         return p
     order = torch.sort(p, dim=-1, descending=True, stable=True).indices   # equal p: lower id first

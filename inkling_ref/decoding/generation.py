@@ -129,6 +129,8 @@ def _describe(x) -> str:
 def _array_to_list(x, name: str, ranks: tuple[int, ...]) -> list:
     """A torch tensor or NumPy array of token ids -> nested lists of ints, after checking its rank and dtype."""
     shape = list(x.shape)
+    if isinstance(x, torch.Tensor) and x.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device, which holds no values: pass token ids on the CPU")
     if len(shape) not in ranks:
         want = " or ".join({1: "[T] (one prompt)", 2: "[B, T] (a batch)"}[r] for r in ranks)
         raise ValueError(f"{name} has shape {shape}: token ids come as {want}")
@@ -347,6 +349,9 @@ def generate(model: InklingModel, prompt_ids, max_new_tokens: int,
     every choice is lossless (inkling_ref.sampling)."""
     if not isinstance(model, InklingModel):
         raise ValueError(f"model must be an InklingModel (e.g. load_checkpoint(path)), got {type(model).__name__}")
+    if isinstance(max_new_tokens, (list, tuple)):
+        raise ValueError(f"max_new_tokens must be an integer, got {_describe(max_new_tokens)}: this generate "
+                         "takes one limit for every prompt (inkling_fast.Engine.generate takes one per prompt)")
     prompts = normalize_prompts(prompt_ids)
     params = SamplingParams(temperature, top_k, top_p)
     validate(Limits.of_model(model), prompts, max_new_tokens, num_speculative_tokens, draft_sampling, seed,

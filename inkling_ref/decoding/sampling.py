@@ -66,17 +66,29 @@ def draft_params(params: SamplingParams, draft_sampling: str) -> SamplingParams:
     return params
 
 
+def tempered_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / T) over the last axis, in float64, sound for every T > 0 down to the smallest
+    positive double: the maximum is subtracted *before* the division, so every exponent is
+    (l - max) / T <= 0 and the largest is exactly 0. Dividing first would turn finite logits into
+    infinities at a tiny T (inf - inf = NaN); this way the result tends to the argmax (shared evenly
+    between tied maxima) as T -> 0, the greedy limit."""
+    z = logits.to(torch.float64)
+    z = z - z.amax(-1, keepdim=True)
+    return torch.softmax(z / temperature, dim=-1)
+
+
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits: [..., V] -> a probability distribution [..., V] (float64).
 
-    Temperature 0 gives the one-hot argmax (ties to the lowest id). Otherwise: softmax(logits / T),
+    Temperature 0 gives the one-hot argmax (ties to the lowest id). Otherwise: softmax(logits / T)
+    (`tempered_softmax`: numerically sound at every T > 0),
     then keep the k most likely ids (ties broken towards lower ids), then keep the smallest set of
     most likely ids whose total probability reaches top_p; renormalize after each filter."""
     logits = logits.to(torch.float64)
     V = logits.shape[-1]
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), V).to(torch.float64)
-    p = torch.softmax(logits / params.temperature, dim=-1)
+    p = tempered_softmax(logits, params.temperature)
     # a stable descending order: equal probabilities keep increasing id order
     order = torch.sort(p, dim=-1, descending=True, stable=True).indices
     sorted_p = p.gather(-1, order)

@@ -17,6 +17,11 @@ h^{-1}_p = H_p. Every depth keeps its own cache over all positions of the sequen
 
 Rollback in this reference is explicit truncation of plain tensors (the fast path uses
 position-addressed rings instead; both satisfy the same invariants, tested in tests/).
+
+Every pass checks what it computes: the hidden states it hands on (to the next depth, the caches, the
+next cycle) and the logits it picks from must be finite, else `NonFiniteError` names the step. A NaN
+argmax "agrees" with every other NaN argmax, so an unchecked run of NaN logits would print one
+repeated token and report perfect acceptance; the fast engine flags the same steps on the device.
 """
 
 from __future__ import annotations
@@ -32,6 +37,26 @@ from ..model.model import InklingModel
 # select(m, logits [V], position) -> token: how depth m turns its logits at the last window row into
 # the draft for absolute `position` (= n + m). Greedy by default; sampling and tests plug in others.
 DraftSelector = Callable[[int, torch.Tensor, int], int]
+
+
+class NonFiniteError(FloatingPointError):
+    """A pass produced a NaN or an infinity: nothing decoded from it can be trusted. The message names the
+    step (prefill, draft (MTP depth m), verify) and the likely cause, in one line."""
+
+
+def non_finite_message(step: str) -> str:
+    """The one line of a NonFiniteError in `step`, shared by both engines."""
+    return (f"the {step} pass produced NaN or infinite values, so no token can be chosen from it: the weights "
+            "overflow with this config.json (a key such as route_scale, logits_mup_width_multiplier or "
+            "rms_norm_eps far from the model's own, or weights that are not this model's), or the dtype is too "
+            "narrow for them (16-bit dtypes overflow first)")
+
+
+def check_finite(step: str, *tensors: torch.Tensor) -> None:
+    """Raise NonFiniteError naming `step` unless every value of `tensors` is finite."""
+    for t in tensors:
+        if not bool(torch.isfinite(t).all()):
+            raise NonFiniteError(non_finite_message(step))
 
 
 # Which rows `draft` (re)computes: "full" = k+1 rows [n-2-k, n-2] (one shape every cycle), "minimal" =
@@ -96,7 +121,9 @@ def prefill(model: InklingModel, prompt: list[int], select_first: DraftSelector 
     model.check_ids(ids)
     cache = TrunkCache(len(model.trunk.layers))
     hidden = model.trunk(ids, cache)[0]                            # [L, H]
-    first = select_first(-1, model.trunk.readout(hidden[-1]), len(prompt))
+    logits = model.trunk.readout(hidden[-1])
+    check_finite("prefill", hidden, logits)
+    first = select_first(-1, logits, len(prompt))
     depths = model.num_mtp_depths
     return DecodeState(tokens=list(prompt) + [first], trunk_cache=cache, hiddens=hidden,
                        depth_caches=[LayerCache() for _ in range(depths)], depth_valid=[0] * depths)
@@ -137,6 +164,7 @@ def draft(model: InklingModel, state: DecodeState, k: int, select: DraftSelector
         cache = state.depth_caches[m]
         cache.truncate(w0)                                          # drop rows from the window on
         h_prev, logits = model.mtp_depth(m, h_prev, _ids(tokens, h_prev.device), cache)
+        check_finite(f"draft (MTP depth {m})", h_prev, logits[0, -1])
         drafts.append(select(m, logits[0, -1], n + m))              # d_{m+1}, for position n+m
         last_logits.append(logits[0, -1])
     V = model.config.vocab_out
@@ -161,7 +189,9 @@ def verify(model: InklingModel, state: DecodeState, drafts: list[int]) -> Verify
     ids = _ids([state.tokens[-1]] + list(drafts), device)
     model.check_ids(ids)
     hidden = model.trunk(ids, state.trunk_cache)[0]                 # [k+1, H]
-    return VerifyResult(logits=model.trunk.readout(hidden), hiddens=hidden)
+    logits = model.trunk.readout(hidden)
+    check_finite("verify", hidden, logits)
+    return VerifyResult(logits=logits, hiddens=hidden)
 
 
 def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:

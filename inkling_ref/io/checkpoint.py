@@ -20,9 +20,14 @@ offending tensor at once; the values are checked as they load (every weight must
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -30,7 +35,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from . import names, transformers_layout
-from .config import ConfigError, InklingConfig, intermediate_size_reading
+from .config import DENSE, MOE, SLIDING, ConfigError, InklingConfig, field_label, intermediate_size_reading
 from ..model.model import InklingModel
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_checkpoint"   # the bundled demo
@@ -43,6 +48,7 @@ TOKENIZER = "tokenizer.json"
 LOADABLE_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                    torch.float16: "float16"}
 FLOAT_FILE_DTYPES = {"F32", "F64", "BF16", "F16"}  # safetensors dtype codes the reference can run
+QUANTIZED_FILE_DTYPES = {"U8", "I8"}                 # packed quantized weights (e.g. NVFP4: two values a byte)
 # tensors never rounded below the precision they are stored in (the router bias only picks experts,
 # and a bf16 copy of an fp32 bias changes which ones)
 KEEP_STORED_PRECISION = ("mlp.router_bias",)
@@ -62,6 +68,8 @@ class TensorInfo:
 
 # ---------------------------------------------------------------------- reading a directory
 def _directory(path) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or str(path) == "":
+        raise CheckpointError(f"a checkpoint path must be a non-empty str or Path, got {path!r}")
     d = Path(path)
     if not d.exists():
         raise CheckpointError(f"checkpoint directory {d} does not exist")
@@ -173,9 +181,20 @@ def expected_shapes(config: InklingConfig, num_mtp_depths: int) -> dict[str, tup
 
 
 def check_quantized(where, infos: dict[str, TensorInfo]) -> None:
-    """Refuse quantized tensors (packed integer / float8 weights and their scale tensors)."""
-    bad = sorted(f"{n} [{i.dtype} {list(i.shape)}]" for n, i in infos.items()
-                 if not names.is_other_tower(n) and (names.is_quant_scale(n) or i.dtype not in FLOAT_FILE_DTYPES))
+    """Refuse quantized tensors (packed integer / float8 weights and their scale tensors), and tensors of
+    any other dtype that is not a float the reference runs (named with the dtype found)."""
+    text = {n: i for n, i in infos.items() if not names.is_other_tower(n)}
+    quantized = {n for n, i in text.items() if names.is_quant_scale(n) or i.dtype in QUANTIZED_FILE_DTYPES
+                 or i.dtype.startswith(("F8_", "F6_", "F4"))}
+    other = sorted(f"{n} [{i.dtype} {list(i.shape)}]" for n, i in text.items()
+                   if n not in quantized and i.dtype not in FLOAT_FILE_DTYPES)
+    if other:
+        dtypes = sorted({i.dtype for n, i in text.items() if n not in quantized and i.dtype not in FLOAT_FILE_DTYPES})
+        raise CheckpointError(
+            f"{where} holds tensors of dtype {', '.join(dtypes)}, which no weight of this model has: weights are "
+            "BF16, F16, F32 or F64 (a file written by another tool, or tensors that are not weights)\n"
+            + _listing("tensors of another dtype", other))
+    bad = sorted(f"{n} [{i.dtype} {list(i.shape)}]" for n, i in text.items() if n in quantized)
     if bad:
         raise CheckpointError(
             f"{where} holds quantized tensors (e.g. NVFP4 packed uint8 weights with their scales), which the "
@@ -183,11 +202,59 @@ def check_quantized(where, infos: dict[str, TensorInfo]) -> None:
             "(bf16) checkpoint.\n" + _listing("quantized or scale tensors", bad))
 
 
-def complete_mtp_depths(config: InklingConfig, infos: dict[str, TensorInfo]) -> int:
+_TRUNK_LAYER = re.compile(r"model\.llm\.layers\.(\d+)\.")
+_MTP_DEPTH = re.compile(r"model\.mtp\.layers\.(\d+)\.")
+# Config fields that are tensor dimensions (or a factor of one): none can exceed the largest dimension of
+# the files. (field, what the model must have for the field to be used)
+_DIMENSIONS = (("vocab_size", None), ("hidden_size", None), ("num_heads", None), ("num_kv_heads", None),
+               ("head_dim", None), ("d_rel", None), ("rel_extent", None), ("conv_kernel_size", None),
+               ("swa_num_heads", SLIDING), ("swa_num_kv_heads", SLIDING), ("swa_head_dim", SLIDING),
+               ("dense_intermediate_size", DENSE), ("moe_intermediate_size", MOE), ("n_routed_experts", MOE),
+               ("n_shared_experts", MOE))
+
+
+def _indices_held(pattern: re.Pattern, infos: dict[str, TensorInfo]) -> int:
+    """1 + the largest layer index among the tensor names `pattern` matches (0: none)."""
+    found = [int(m.group(1)) for n in infos for m in [pattern.match(n)] if m]
+    return 1 + max(found) if found else 0
+
+
+def check_sizes(where, config: InklingConfig, infos: dict[str, TensorInfo]) -> int:
+    """Check the config's counts and sizes against the safetensors headers before anything proportional to
+    them is built: a config that declares more trunk layers than the files hold, or a size larger than
+    every dimension of every tensor, does not describe these weights (one line naming the key); so does
+    one that declares more MTP depths than the files hold tensors of, unless they hold none at all (a
+    trunk saved without its head). Returns how many MTP depths the files hold tensors of (1 + the largest
+    depth index)."""
+    held = _indices_held(_TRUNK_LAYER, infos)
+    if config.num_layers > held:
+        hold = f"{held} trunk layers (model.llm.layers.0 .. {held - 1})" if held else "no trunk layer"
+        raise CheckpointError(f"{where}: {field_label('num_layers')} = {config.num_layers}, but its files hold "
+                              f"{hold}: config.json does not describe these weights")
+    depths = _indices_held(_MTP_DEPTH, infos)
+    if 0 < depths < config.num_mtp_depths:
+        raise CheckpointError(f"{where}: {field_label('num_mtp_depths')} = {config.num_mtp_depths}, but its files "
+                              f"hold {depths} MTP depth(s) (model.mtp.layers.0 .. {depths - 1}): config.json does "
+                              "not describe these weights")
+    largest = max((max(i.shape, default=0) for i in infos.values()), default=0)
+    uses = {None: True, SLIDING: SLIDING in config.layer_types + config.mtp_layer_types,
+            DENSE: DENSE in config.mlp_types or config.num_mtp_depths > 0, MOE: MOE in config.mlp_types}
+    for name, feature in _DIMENSIONS:
+        value = getattr(config, name)
+        if uses[feature] and value > largest:
+            raise CheckpointError(f"{where}: {field_label(name)} = {value} is larger than any dimension of any "
+                                  f"tensor in its files (the largest is {largest}): config.json does not "
+                                  "describe these weights")
+    return depths
+
+
+def complete_mtp_depths(config: InklingConfig, infos: dict[str, TensorInfo], where="checkpoint") -> int:
     """How many MTP depths the files hold: the first depths, up to the config's count, with every tensor."""
-    full = expected_shapes(config, config.num_mtp_depths)
+    held = check_sizes(where, config, infos)
+    depths = min(config.num_mtp_depths, held)
+    full = expected_shapes(config, depths)
     complete = 0
-    while complete < config.num_mtp_depths and all(n in infos for n in full if names.mtp_depth_of(n) == complete):
+    while complete < depths and all(n in infos for n in full if names.mtp_depth_of(n) == complete):
         complete += 1
     return complete
 
@@ -198,7 +265,7 @@ def inspect_checkpoint(path) -> tuple[InklingConfig, int]:
     directory = _directory(path)
     config, _ = read_config(directory)
     files, weight_map = tensor_files(directory)
-    return config, complete_mtp_depths(config, read_headers(directory, files, weight_map))
+    return config, complete_mtp_depths(config, read_headers(directory, files, weight_map), f"checkpoint {directory}")
 
 
 def plan_load(where, config: InklingConfig, raw: dict, infos: dict[str, TensorInfo],
@@ -210,11 +277,15 @@ def plan_load(where, config: InklingConfig, raw: dict, infos: dict[str, TensorIn
     check_quantized(where, infos)
     text = {n: i for n, i in infos.items() if not names.is_other_tower(n)}
     declared = config.num_mtp_depths
-    full = expected_shapes(config, declared)
-    complete = complete_mtp_depths(config, infos)
+    held = check_sizes(where, config, text)
+    full = expected_shapes(config, min(declared, held + 1))     # depths beyond the files' are not built
+    complete = complete_mtp_depths(config, text, where)
     has_mtp = any(names.is_mtp(n) for n in text)
     if num_mtp_depths is None:
         k = declared if has_mtp else 0  # no MTP tensors at all: a trunk without a head
+        if has_mtp and held == 0 and declared > 0:
+            raise CheckpointError(f"{where}: {field_label('num_mtp_depths')} = {declared}, but its files hold "
+                                  "no MTP depth (model.mtp.layers.*), only other model.mtp.* tensors")
     else:
         if not isinstance(num_mtp_depths, int) or isinstance(num_mtp_depths, bool) or num_mtp_depths < 0:
             raise CheckpointError(f"num_mtp_depths must be an integer >= 0 or None, got {num_mtp_depths!r}")
@@ -297,6 +368,16 @@ def load_checkpoint(path, dtype=torch.float32, device="cpu", num_mtp_depths: int
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise CheckpointError(f"device={device!r} is not a torch device ({e})") from None
+    if device.type == "meta":
+        raise CheckpointError("device='meta' holds no values: load onto 'cpu' or a GPU")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError(f"device={str(device)!r}, but this machine has no CUDA GPU "
+                              "(torch.cuda.is_available() is False): load onto device='cpu'")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"device={str(device)!r} cannot be used here ({reason})") from None
     directory = _directory(path)
     config, raw = read_config(directory)
     files, weight_map = tensor_files(directory)
@@ -344,8 +425,7 @@ class ShardWriter:
     added one at a time so that a conversion never holds more than one shard in memory."""
 
     def __init__(self, directory: Path, max_shard_bytes: int | None = None):
-        if max_shard_bytes is not None and (not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0):
-            raise CheckpointError(f"max_shard_bytes must be a positive integer or None, got {max_shard_bytes!r}")
+        check_max_shard_bytes(max_shard_bytes)
         self.directory, self.max_bytes = directory, max_shard_bytes
         self.shard: dict[str, torch.Tensor] = {}
         self.shard_bytes = 0
@@ -395,20 +475,85 @@ class ShardWriter:
         return out
 
 
-def _prepare_output(path, overwrite: bool) -> Path:
-    """Create the output directory; refuse (or, with overwrite, remove) an earlier checkpoint there."""
+# Files a checkpoint directory holds that a writer (re)writes; anything else there (a tokenizer, notes)
+# belongs to the user and is carried over untouched.
+_CHECKPOINT_NAME = re.compile(r"config\.json|model\.safetensors(\.index\.json)?|mtp\.safetensors"
+                              r"|model-\d{5}-of-\d{5}\.safetensors")
+
+
+def check_max_shard_bytes(max_shard_bytes) -> None:
+    if max_shard_bytes is not None and (not isinstance(max_shard_bytes, int) or isinstance(max_shard_bytes, bool)
+                                        or max_shard_bytes <= 0):
+        raise CheckpointError(f"max_shard_bytes must be a positive integer or None, got {max_shard_bytes!r}")
+
+
+def check_output(path, overwrite: bool) -> Path:
+    """Check the output directory of a writer without touching it. It may be new, empty, or (with
+    overwrite=True) hold a checkpoint; a directory that holds other files but no checkpoint is refused
+    whatever `overwrite` says, since replacing it could only lose the user's files."""
+    if not isinstance(overwrite, bool):
+        raise CheckpointError(f"overwrite must be True or False, got {overwrite!r}")
+    if not isinstance(path, (str, Path)) or str(path) == "":
+        raise CheckpointError(f"the output directory must be a non-empty path, got {path!r}")
     d = Path(path)
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"{d} is a file, not a directory")
-    d.mkdir(parents=True, exist_ok=True)
-    ours = sorted(p for p in d.iterdir() if p.name in (CONFIG, SINGLE, INDEX, MTP_FILE)
-                  or re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors|\.shard-\d{5}\.tmp", p.name))
-    if ours and not overwrite:
-        raise CheckpointError(f"{d} already holds a checkpoint ({', '.join(p.name for p in ours)}); "
-                              "pass overwrite=True (--overwrite) or choose another directory")
-    for p in ours:
-        p.unlink()
+    if d.is_dir():
+        entries = sorted(p.name for p in d.iterdir())
+        ours = [name for name in entries if _CHECKPOINT_NAME.fullmatch(name)]
+        if ours and not overwrite:
+            raise CheckpointError(f"{d} already holds a checkpoint ({', '.join(ours)}); "
+                                  "pass overwrite=True (--overwrite) or choose another directory")
+        if entries and not ours:
+            shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+            raise CheckpointError(f"{d} is not empty and holds no checkpoint ({shown}): refusing to write a "
+                                  "checkpoint into it, even with overwrite; choose a new or empty directory")
     return d
+
+
+def _rename(old: Path, new: Path) -> None:
+    os.replace(old, new)
+
+
+def _link_or_copy(src, dst) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def write_staged(directory: Path, write: Callable[[Path], object]):
+    """Run write(tmp) into a new temporary directory beside `directory`, and only when it returns swap
+    the result in: files of an earlier `directory` that are not checkpoint files are carried over
+    (hard links where the file system allows, else copies), then `directory` is renamed aside, the new
+    one renamed in its place and the old one removed. Any failure before the swap removes the temporary
+    directory and leaves `directory` as it was; a failure inside the swap renames the old one back.
+    Returns what `write` returns."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent))
+    try:
+        result = write(tmp)
+        if directory.is_dir():
+            for p in sorted(directory.iterdir()):
+                if not _CHECKPOINT_NAME.fullmatch(p.name):
+                    if p.is_dir() and not p.is_symlink():
+                        shutil.copytree(p, tmp / p.name, symlinks=True, copy_function=_link_or_copy)
+                    else:
+                        _link_or_copy(p, tmp / p.name)
+            old = directory.parent / f".{directory.name}.old-{secrets.token_hex(6)}"
+            _rename(directory, old)
+            try:
+                _rename(tmp, directory)
+            except BaseException:
+                _rename(old, directory)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            _rename(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
 
 
 def _layer_order(name: str):
@@ -420,18 +565,26 @@ def save_checkpoint(model: InklingModel, path, max_shard_bytes: int | None = Non
     """Write `model` as a released-layout checkpoint directory. Each tensor keeps its dtype.
 
     config.json says as many MTP depths as the model has built (the head of a model built with fewer
-    depths than its config is saved as a shorter head)."""
-    d = _prepare_output(path, overwrite)
+    depths than its config is saved as a shorter head). The files are written into a temporary
+    directory beside `path` and swapped in when complete (`write_staged`): a failure leaves `path` as it
+    was. overwrite=True replaces an earlier checkpoint there (its other files are kept); a non-empty
+    directory without a checkpoint is always refused."""
+    check_max_shard_bytes(max_shard_bytes)
+    d = check_output(path, overwrite)
     k = model.num_mtp_depths
     config = model.config
     if k != config.num_mtp_depths:
         config = config.replace(num_mtp_depths=k, mtp_layer_types=config.mtp_layer_types[:k])
-    writer = ShardWriter(d, max_shard_bytes)
-    tensors = {names.to_released(n): p for n, p in model.named_parameters()}
-    for name in sorted(tensors, key=_layer_order):
-        writer.add(name, tensors[name])
-    writer.close()
-    (d / CONFIG).write_text(json.dumps(config.to_released_dict(), indent=2) + "\n")
+
+    def write(tmp: Path) -> None:
+        writer = ShardWriter(tmp, max_shard_bytes)
+        tensors = {names.to_released(n): p for n, p in model.named_parameters()}
+        for name in sorted(tensors, key=_layer_order):
+            writer.add(name, tensors[name])
+        writer.close()
+        (tmp / CONFIG).write_text(json.dumps(config.to_released_dict(), indent=2) + "\n")
+
+    write_staged(d, write)
 
 
 # ---------------------------------------------------------------------- convert
@@ -440,13 +593,16 @@ def convert_transformers_checkpoint(src, dst, max_shard_bytes: int | None = None
     """A transformers-layout Inkling checkpoint (`save_pretrained` of `InklingForCausalLM`, or the text
     part of `InklingForConditionalGeneration`) -> a released-layout checkpoint directory.
 
-    Every name and shape is checked against the config before anything is written; tensors are then
-    converted one layer at a time (pure renames and row permutations; dtypes kept). The transformers
+    Every argument, name and shape is checked before anything is written; tensors are then converted
+    one layer at a time (pure renames and row permutations; dtypes kept) into a temporary directory
+    beside `dst`, swapped in when complete (`write_staged`): whatever fails, `dst` is left as it was. The transformers
     layout has no MTP head: the output is a trunk, with the MTP fields of the config kept, so that a
     released `mtp.safetensors` copied next to it completes it. Returns a summary dict."""
+    check_max_shard_bytes(max_shard_bytes)
     src_dir = _directory(src)
-    if Path(dst).resolve() == src_dir.resolve():
+    if isinstance(dst, (str, Path)) and str(dst) and Path(dst).resolve() == src_dir.resolve():
         raise CheckpointError("convert: SRC and DST are the same directory")
+    d = check_output(dst, overwrite)
     config, raw = read_config(src_dir)
     files, weight_map = tensor_files(src_dir)
     infos = {n: i for n, i in read_headers(src_dir, files, weight_map).items()
@@ -462,23 +618,26 @@ def convert_transformers_checkpoint(src, dst, max_shard_bytes: int | None = None
     released_infos = {n: TensorInfo("", "F32", tuple(t.shape)) for n, t in dry.items()}
     plan_load(where + " (after renaming)", config, raw, released_infos, None)
 
-    d = _prepare_output(dst, overwrite)
-    writer = ShardWriter(d, max_shard_bytes)
     groups: dict[str, list[str]] = {}  # one group per layer (gate and up halves travel together)
     for n in infos:
         m = re.search(r"layers\.(\d+)\.", n)
         groups.setdefault(f"{n.split('layers.')[0]}{m.group(1)}" if m else "", []).append(n)
-    handles = {f: safe_open(src_dir / f, framework="pt", device="cpu") for f in files}
-    try:
-        for key in sorted(groups, key=_layer_order):
-            part = {n: handles[infos[n].file].get_tensor(n) for n in groups[key]}
-            converted = transformers_layout.to_released(part)
-            for name in sorted(converted, key=_layer_order):
-                writer.add(name, converted[name])
-    finally:
-        handles.clear()
-    written = writer.close()
-    (d / CONFIG).write_text(json.dumps(config.to_released_dict(), indent=2) + "\n")
-    return {"tensors": len(dry), "bytes": writer.total_bytes + sum(t.numel() * t.element_size()
-                                                                     for t in writer.mtp.values()),
-            "files": written, "mtp_depths": config.num_mtp_depths if writer.mtp else 0}
+
+    def write(tmp: Path) -> dict:
+        writer = ShardWriter(tmp, max_shard_bytes)
+        handles = {f: safe_open(src_dir / f, framework="pt", device="cpu") for f in files}
+        try:
+            for key in sorted(groups, key=_layer_order):
+                part = {n: handles[infos[n].file].get_tensor(n) for n in groups[key]}
+                converted = transformers_layout.to_released(part)
+                for name in sorted(converted, key=_layer_order):
+                    writer.add(name, converted[name])
+        finally:
+            handles.clear()
+        written = writer.close()
+        (tmp / CONFIG).write_text(json.dumps(config.to_released_dict(), indent=2) + "\n")
+        return {"tensors": len(dry), "bytes": writer.total_bytes + sum(t.numel() * t.element_size()
+                                                                         for t in writer.mtp.values()),
+                "files": written, "mtp_depths": config.num_mtp_depths if writer.mtp else 0}
+
+    return write_staged(d, write)

@@ -23,6 +23,7 @@ A key that is not an Inkling field but looks like a misspelling of one the file 
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import math
@@ -86,6 +87,10 @@ class InklingConfig:
     mtp_apply_log_scaling: bool = False  # [ours] vLLM applies none inside MTP depths
 
     def __post_init__(self):
+        for name in ("num_layers", "num_mtp_depths"):   # before any list of that length is built
+            v = getattr(self, name)
+            if is_int(v) and v > MAX_LAYERS:
+                raise ConfigError(f"{field_label(name)}: {v} is beyond any model (at most {MAX_LAYERS})")
         if not self.layer_types and is_int(self.num_layers):
             # default pattern: every sixth layer is global
             self.layer_types = [GLOBAL if (i + 1) % 6 == 0 else SLIDING for i in range(self.num_layers)]
@@ -131,6 +136,7 @@ class InklingConfig:
                 continue
             v = getattr(self, key.field)
             need(key.check.ok(v), key.field, f"{key.check.says}{WHEN_NOTE.get(key.when, '')}, got {v!r}")
+            need(not is_int(v) or v <= MAX_SIZE, key.field, f"{v} is beyond any model (at most {MAX_SIZE})")
 
         need(self.num_heads % self.num_kv_heads == 0, "num_heads",
              f"{self.num_heads} query heads is not a multiple of num_key_value_heads={self.num_kv_heads}")
@@ -144,7 +150,9 @@ class InklingConfig:
             v = getattr(self, name)
             if v is not None:
                 need(0 <= v < self.vocab_size, name, f"{v!r} must be a token id in 0..{self.vocab_size - 1}")
-        need(self.sliding_window <= self.max_position_embeddings, "sliding_window",
+        slides = isinstance(self.layer_types, list) and isinstance(self.mtp_layer_types, list) and \
+            SLIDING in self.layer_types + self.mtp_layer_types
+        need(not slides or self.sliding_window <= self.max_position_embeddings, "sliding_window",
              f"window {self.sliding_window} is longer than the context "
              f"(max_position_embeddings={self.max_position_embeddings}): such a layer would not slide")
         if moe:
@@ -184,7 +192,12 @@ class InklingConfig:
         else:
             _refuse_typos(d, TEXT_SPELLINGS + [("text_config",), ("mtp_config",)], "")
             text, mtp = d, {}
-        return cls(**_text_fields(text), **_mtp_fields(text, mtp))
+        fields = dict(_text_fields(text), **_mtp_fields(text, mtp))
+        if fields["mtp_layer_types"] is None:
+            if fields["num_mtp_depths"] > 0:
+                raise _missing("mtp_layer_types", NEEDS_MTP)
+            fields["mtp_layer_types"] = []
+        return cls(**_complete(fields))
 
     @classmethod
     def from_file(cls, path: str | Path) -> "InklingConfig":
@@ -261,7 +274,14 @@ NON_NEGATIVE = Check(lambda v: is_real(v) and v >= 0, "must be a number >= 0")
 TOKEN_ID_OR_NULL = Check(lambda v: v is None or is_int(v), "must be a token id (an integer) or null")
 BOOL = Check(lambda v: isinstance(v, bool), "must be true or false")
 WHEN_NOTE = {DENSE: " (the model has dense MLPs)", MOE: " (the model has MoE layers)"}
-REQUIRED = object()  # default of a field that fixes tensor shapes and has no safe default
+REQUIRED = object()  # the default of a field a config file must give: it changes what the model computes
+# Bounds that keep a corrupted size from building millions of per-layer entries or tensor shapes beyond
+# int64 before any weight is seen: far above any Inkling (66 layers, 8 depths, widths up to ~200k).
+MAX_LAYERS = 10_000                 # num_hidden_layers, MTP depths
+MAX_SIZE = 2**31 - 1                # every other size
+# What a field needs to be required: the model has MoE layers, sliding-window layers (trunk or MTP
+# depth), or an MTP head. Without it the field computes nothing and takes its default.
+NEEDS_MOE, NEEDS_SLIDING, NEEDS_MTP = "MoE layers", "sliding-window layers", "MTP depths"
 
 
 @dataclass(frozen=True)
@@ -272,7 +292,10 @@ class Key:
     transformers: the key of transformers' InklingTextConfig (None: it has none); aliases: other
     spellings that are read. check: what the value must be (None: the field is a per-layer list,
     checked in `validate`); when: checked only when the model has dense MLPs or MoE layers.
-    default: the value when a file leaves the field out (the real model's, as transformers has it).
+    default: the value when a file leaves the field out, or REQUIRED: a file must give the field (null
+    counts as given for a field that may be null), since it changes what the model computes and no
+    default is safe; required_if: required only when the model has that feature (NEEDS_*), else
+    `default` (which then computes nothing). docs/checkpoint.md lists every key with its default.
     write_released / write_transformers: the value to write, where it is not the field itself."""
     field: str
     released: str
@@ -281,6 +304,7 @@ class Key:
     default: object = None
     aliases: tuple[str, ...] = ()
     when: str | None = None
+    required_if: str | None = None
     write_released: Callable | None = None
     write_transformers: Callable | None = None
 
@@ -305,8 +329,9 @@ def _mlp_layer_types(cfg) -> list[str]:
 
 KEYS = [
     #   field                      released                    transformers               check
-    Key("vocab_size",              "vocab_size",              "vocab_size",              POSITIVE_INT, 201024),
-    Key("unpadded_vocab_size",     "unpadded_vocab_size",     "unpadded_vocab_size",     POSITIVE_INT_OR_NULL),
+    Key("vocab_size",              "vocab_size",              "vocab_size",              POSITIVE_INT, REQUIRED),
+    Key("unpadded_vocab_size",     "unpadded_vocab_size",     "unpadded_vocab_size",     POSITIVE_INT_OR_NULL,
+        REQUIRED),
     Key("hidden_size",             "hidden_size",             "hidden_size",             POSITIVE_INT, REQUIRED),
     Key("num_layers",              "num_hidden_layers",       "num_hidden_layers",       POSITIVE_INT, REQUIRED,
         aliases=("num_layers",)),
@@ -314,45 +339,52 @@ KEYS = [
         aliases=("num_heads",)),
     Key("num_kv_heads",            "num_key_value_heads",     "num_key_value_heads",     POSITIVE_INT, REQUIRED,
         aliases=("num_kv_heads",)),
-    Key("head_dim",                "head_dim",                "head_dim",                POSITIVE_INT, 128),
+    Key("head_dim",                "head_dim",                "head_dim",                POSITIVE_INT, REQUIRED),
+    # the sliding layers' shapes: without sliding layers the global head counts are copied
     Key("swa_num_heads",           "swa_num_attention_heads", "swa_num_attention_heads", POSITIVE_INT, REQUIRED,
-        aliases=("swa_num_heads",)),   # may be left out when no layer slides: then the global count
+        aliases=("swa_num_heads",), required_if=NEEDS_SLIDING),
     Key("swa_num_kv_heads",        "swa_num_key_value_heads", "swa_num_key_value_heads", POSITIVE_INT, REQUIRED,
-        aliases=("swa_num_kv_heads",)),
-    Key("swa_head_dim",            "swa_head_dim",            "swa_head_dim",            POSITIVE_INT, 128),
+        aliases=("swa_num_kv_heads",), required_if=NEEDS_SLIDING),
+    Key("swa_head_dim",            "swa_head_dim",            "swa_head_dim",            POSITIVE_INT, 128,
+        required_if=NEEDS_SLIDING),
     Key("sliding_window",          "sliding_window_size",     "sliding_window_size",     POSITIVE_INT, 512,
-        aliases=("sliding_window",)),
-    Key("d_rel",                   "d_rel",                   "d_rel",                   POSITIVE_INT, 16),
-    Key("rel_extent",              "rel_extent",              "rel_extent",              POSITIVE_INT, 1024),
-    Key("log_scaling_n_floor",     "log_scaling_n_floor",     "log_scaling_n_floor",     POSITIVE_INT_OR_NULL),
-    Key("log_scaling_alpha",       "log_scaling_alpha",       "log_scaling_alpha",       NON_NEGATIVE, 0.1),
+        aliases=("sliding_window",), required_if=NEEDS_SLIDING),
+    Key("d_rel",                   "d_rel",                   "d_rel",                   POSITIVE_INT, REQUIRED),
+    Key("rel_extent",              "rel_extent",              "rel_extent",              POSITIVE_INT, REQUIRED),
+    Key("log_scaling_n_floor",     "log_scaling_n_floor",     "log_scaling_n_floor",     POSITIVE_INT_OR_NULL,
+        REQUIRED),
+    Key("log_scaling_alpha",       "log_scaling_alpha",       "log_scaling_alpha",       NON_NEGATIVE, REQUIRED),
     # per-layer kinds: released as id lists / a dense prefix length, transformers as lists of names
-    Key("layer_types",             "local_layer_ids",         "layer_types",             None,
+    Key("layer_types",             "local_layer_ids",         "layer_types",             None, REQUIRED,
         write_released=lambda c: _local_ids(c.layer_types),
         write_transformers=lambda c: ["hybrid_sliding" if t == SLIDING else "hybrid" for t in c.layer_types]),
-    Key("mlp_types",               "dense_mlp_idx",           "mlp_layer_types",         None,
+    Key("mlp_types",               "dense_mlp_idx",           "mlp_layer_types",         None, REQUIRED,
         write_released=lambda c: _dense_prefix(c.mlp_types), write_transformers=_mlp_layer_types),
     # MLP widths: `intermediate_size` means the dense width in one spelling, the expert width in the other
     Key("dense_intermediate_size", "dense_intermediate_size", "intermediate_size",       POSITIVE_INT, when=DENSE),
     Key("moe_intermediate_size",   "intermediate_size",       "moe_intermediate_size",   POSITIVE_INT, when=MOE),
     Key("n_routed_experts",        "n_routed_experts",        "n_routed_experts",        POSITIVE_INT, 256,
-        aliases=("num_local_experts",), when=MOE),
-    Key("num_experts_per_tok",     "num_experts_per_tok",     "num_experts_per_tok",     POSITIVE_INT, 6, when=MOE),
-    Key("n_shared_experts",        "n_shared_experts",        "n_shared_experts",        COUNT, 2, when=MOE),
-    Key("route_scale",             "route_scale",             "route_scale",             POSITIVE, 8.0, when=MOE),
-    Key("mup",                     "logits_mup_width_multiplier", "logits_mup_width_multiplier", POSITIVE, 24.0,
+        aliases=("num_local_experts",), when=MOE, required_if=NEEDS_MOE),
+    Key("num_experts_per_tok",     "num_experts_per_tok",     "num_experts_per_tok",     POSITIVE_INT, 6, when=MOE,
+        required_if=NEEDS_MOE),
+    Key("n_shared_experts",        "n_shared_experts",        "n_shared_experts",        COUNT, 2, when=MOE,
+        required_if=NEEDS_MOE),
+    Key("route_scale",             "route_scale",             "route_scale",             POSITIVE, 8.0, when=MOE,
+        required_if=NEEDS_MOE),
+    Key("mup",                     "logits_mup_width_multiplier", "logits_mup_width_multiplier", POSITIVE, REQUIRED,
         aliases=("embedding_multiplier",)),
-    Key("rms_norm_eps",            "rms_norm_eps",            "rms_norm_eps",            POSITIVE, 1e-6),
-    Key("conv_kernel_size",        "sconv_kernel_size",       "conv_kernel_size",        POSITIVE_INT, 4),
-    Key("max_position_embeddings", "model_max_length",        "max_position_embeddings", POSITIVE_INT, 131072),
+    Key("rms_norm_eps",            "rms_norm_eps",            "rms_norm_eps",            POSITIVE, REQUIRED),
+    Key("conv_kernel_size",        "sconv_kernel_size",       "conv_kernel_size",        POSITIVE_INT, REQUIRED),
+    Key("max_position_embeddings", "model_max_length",        "max_position_embeddings", POSITIVE_INT, REQUIRED),
     Key("bos_token_id",            "bos_token_id",            "bos_token_id",            TOKEN_ID_OR_NULL),
     Key("eos_token_id",            "eos_token_id",            "eos_token_id",            TOKEN_ID_OR_NULL),
     # the MTP head: `mtp_config` in the released file, the text config in transformers' spelling
     Key("num_mtp_depths",          "mtp_config.num_nextn_predict_layers", "num_mtp_layers", COUNT, 0,
         aliases=("num_nextn_predict_layers",)),
-    Key("mtp_layer_types",         "mtp_config.local_layer_ids", "mtp_local_layer_ids",  None,
-        write_released=lambda c: _local_ids(c.mtp_layer_types)),
-    Key("chain_hidden_post_norm",  "mtp_config.chain_hidden_post_norm", "chain_hidden_post_norm", BOOL, False),
+    Key("mtp_layer_types",         "mtp_config.local_layer_ids", "mtp_local_layer_ids",  None, [],
+        required_if=NEEDS_MTP, write_released=lambda c: _local_ids(c.mtp_layer_types)),
+    Key("chain_hidden_post_norm",  "mtp_config.chain_hidden_post_norm", "chain_hidden_post_norm", BOOL, False,
+        required_if=NEEDS_MTP),
     Key("mtp_apply_log_scaling",   "mtp_config.apply_log_scaling", None,                 BOOL, False,  # [ours]
         aliases=("mtp_apply_log_scaling",)),
 ]
@@ -468,7 +500,21 @@ def _per_layer(t: dict, name: str, kinds: dict, num_layers: int, expected: str) 
     return [kinds[x] for x in entries]
 
 
+def _given(d: dict, key: Key) -> bool:
+    """Whether a text config gives the field: a value, or null for a field that may be null."""
+    nullable = key.check is not None and key.check.ok(None)
+    return any(s in d and (nullable or d[s] is not None) for s in key.text_spellings)
+
+
+def _missing(name: str, feature: str | None = None) -> ConfigError:
+    why = f" and the model has {feature}" if feature else ""
+    return ConfigError(f"{field_label(name)} is missing{why}: it changes what the model computes and has no "
+                       "safe default (docs/checkpoint.md lists the keys a config must give)")
+
+
 def _text_fields(t: dict) -> dict:
+    """The trunk's fields from a text config; a scalar field the file leaves out is None here (its
+    default, or the error of a required field, comes in `_complete`)."""
     out = {key.field: _lookup(t, key.field, key.text_spellings) for key in KEYS
            if not key.mtp and key.field not in LISTS_AND_WIDTHS}
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads"):
@@ -477,6 +523,14 @@ def _text_fields(t: dict) -> dict:
     num_layers = out["num_layers"]
     if not is_int(num_layers) or num_layers <= 0:
         raise ConfigError(f"{field_label('num_layers')}: must be a positive integer, got {num_layers!r}")
+    if num_layers > MAX_LAYERS:
+        raise ConfigError(f"{field_label('num_layers')}: {num_layers} layers is beyond any model (at most "
+                          f"{MAX_LAYERS})")
+    if t.get("layer_types") is None and t.get("local_layer_ids") is None:
+        raise _missing("layer_types")
+    if t.get("mlp_layer_types") is None and t.get("dense_mlp_idx") is None:
+        raise _missing("mlp_types")
+    given = {key.field for key in KEYS if not key.mtp and key.field not in LISTS_AND_WIDTHS and _given(t, key)}
 
     # sliding layers: released `local_layer_ids` or transformers `layer_types` (both: they must agree)
     layer_types = []  # empty: the default pattern
@@ -530,22 +584,33 @@ def _text_fields(t: dict) -> dict:
 
     if isinstance(out["eos_token_id"], list):  # several stop ids: the first is the model's own
         out["eos_token_id"] = out["eos_token_id"][0] if out["eos_token_id"] else None
-    # sliding layers have their own head counts; copy the global ones only when nothing slides
-    any_sliding = SLIDING in layer_types or (not layer_types and num_layers >= 1)
-    for name in ("swa_num_heads", "swa_num_kv_heads"):
-        if out[name] is None:
-            if any_sliding:
-                raise ConfigError(f"{field_label(name)} is missing and the model has sliding-window layers")
-            out[name] = out[name.replace("swa_", "")]
-    for name, value in out.items():
-        if value is None and KEY[name].default is not REQUIRED:
-            out[name] = KEY[name].default
-    for name in ("route_scale", "mup", "rms_norm_eps", "log_scaling_alpha"):
-        if is_int(out[name]):
-            out[name] = float(out[name])
     return dict(out, layer_types=layer_types, mlp_types=mlp_types,
                 dense_intermediate_size=dense_f if dense_f is not None else 0,
-                moe_intermediate_size=moe_f if moe_f is not None else 0)
+                moe_intermediate_size=moe_f if moe_f is not None else 0, _given=given)
+
+
+def _complete(fields: dict) -> dict:
+    """Fill in the defaults of the fields a file left out, or refuse a missing required one (one line
+    naming the key). Which fields are required depends on the model: see Key.required_if."""
+    given = fields.pop("_given")
+    has = {NEEDS_MOE: MOE in fields["mlp_types"],
+           NEEDS_SLIDING: SLIDING in fields["layer_types"] + fields["mtp_layer_types"],
+           NEEDS_MTP: fields["num_mtp_depths"] > 0}
+    for key in KEYS:
+        if key.field in given or key.field in LISTS_AND_WIDTHS or key.mtp:   # the MTP fields: `_mtp_fields`
+            continue
+        if key.default is REQUIRED and key.required_if is None:
+            raise _missing(key.field)
+        if key.required_if is not None and has[key.required_if]:
+            raise _missing(key.field, key.required_if)
+        if key.field in ("swa_num_heads", "swa_num_kv_heads"):   # nothing slides: the global counts
+            fields[key.field] = fields[key.field.replace("swa_", "")]
+        else:
+            fields[key.field] = copy.deepcopy(key.default)
+    for name in ("route_scale", "mup", "rms_norm_eps", "log_scaling_alpha"):
+        if is_int(fields[name]):
+            fields[name] = float(fields[name])
+    return fields
 
 
 def _mtp_fields(text: dict, mtp: dict) -> dict:
@@ -558,12 +623,25 @@ def _mtp_fields(text: dict, mtp: dict) -> dict:
         if a is not None and b is not None and a != b:
             spelled = next(s for s in key.text_spellings if text.get(s) is not None)
             raise ConfigError(f"config fields 'mtp_config.{mtp_key}' ({a!r}) and '{spelled}' ({b!r}) disagree")
-        return a if a is not None else b if b is not None else key.default
+        return a if a is not None else b           # None: the file leaves the field out
 
     n = one("num_mtp_depths")
+    n = 0 if n is None else n
     if not is_int(n) or n < 0:
         raise ConfigError(f"{field_label('num_mtp_depths')}: must be an integer >= 0, got {n!r}")
-    ids = set(_id_list(one("mtp_layer_types") or [], "mtp_config.local_layer_ids", n, "MTP depth"))
-    return dict(num_mtp_depths=n, mtp_layer_types=[SLIDING if i in ids else GLOBAL for i in range(n)],
-                chain_hidden_post_norm=one("chain_hidden_post_norm"),
-                mtp_apply_log_scaling=one("mtp_apply_log_scaling"))
+    if n > MAX_LAYERS:
+        raise ConfigError(f"{field_label('num_mtp_depths')}: {n} MTP depths is beyond any model (at most "
+                          f"{MAX_LAYERS})")
+    ids = one("mtp_layer_types")
+    kinds = None
+    if ids is not None:
+        ids = set(_id_list(ids, "mtp_config.local_layer_ids", n, "MTP depth"))
+        kinds = [SLIDING if i in ids else GLOBAL for i in range(n)]
+    log_tau = one("mtp_apply_log_scaling")
+    out = dict(num_mtp_depths=n, mtp_layer_types=kinds, mtp_apply_log_scaling=False if log_tau is None else log_tau)
+    chain = one("chain_hidden_post_norm")
+    if chain is not None or n == 0:
+        out["chain_hidden_post_norm"] = chain if chain is not None else False
+    else:
+        raise _missing("chain_hidden_post_norm", NEEDS_MTP)
+    return out

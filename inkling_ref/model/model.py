@@ -33,6 +33,15 @@ class InklingModel(nn.Module):
             raise ValueError(f"input_ids must be a [B, T] tensor of token ids, got {got} (one sequence: ids[None])")
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+        if input_ids.device.type == "meta":
+            raise ValueError("input_ids is on the meta device, which holds no values: pass token ids on the "
+                             "model's device")
+        if input_ids.numel() == 0:
+            raise ValueError(f"input_ids has no tokens (shape {list(input_ids.shape)}): at least one sequence "
+                             "of at least one token is needed")
+        device = next(self.parameters()).device
+        if input_ids.device != device:
+            raise ValueError(f"input_ids is on {input_ids.device} and the model on {device}: move one of them")
         if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_out):
             raise ValueError(f"token ids must be in 0..{self.config.vocab_out - 1}, got "
                              f"min {int(input_ids.min())}, max {int(input_ids.max())}")
