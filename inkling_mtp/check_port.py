@@ -55,7 +55,7 @@ def add(subparsers) -> None:
                    help="the released-layout checkpoint the engine ran (only the MTP head, the embedding, the final "
                         "norm and the LM head are read)")
     p.add_argument("--tolerance", type=number(0, lo_open=True), default=None, metavar="T",
-                   help="relative error allowed per row (default by the dump's dtype: 1e-3 for float32, 5e-2 for "
+                   help="relative error allowed per row (default by the dump's dtype: 1e-3 for float32, 8e-2 for "
                         "bfloat16, 1e-2 for float16)")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                    help="what the reference computes in (default float32)")
