@@ -177,7 +177,8 @@ def read_dump(path) -> PortDump:
                                 f"version {VERSION}")
             missing = [n for n in REQUIRED if n not in names]
             if missing:
-                close = {n: difflib.get_close_matches(n, names, 1, 0.8) for n in missing}
+                unknown = [n for n in names if n not in REQUIRED and n not in OPTIONAL]
+                close = {n: difflib.get_close_matches(n, unknown, 1, 0.8) for n in missing}
                 hint = "".join(f" (the file has {c[0]!r})" for c in close.values() if c)
                 raise DumpError(f"{where}: missing required field(s) {', '.join(map(repr, missing))}{hint}; a dump "
                                 f"holds {', '.join(REQUIRED)}")

@@ -113,15 +113,21 @@ def check_fields(f: dict[str, torch.Tensor]) -> None:
             ps = sorted(ranges.get((c, m), []))
             need(bool(ps), f"step {c}: depth {m} ran no row (each of the step's k = {k} depths drafts from row "
                            f"n-2 = {n - 2})")
-            need(ps == list(range(ps[0], n - 1)), f"step {c}, depth {m}: rows at positions {_span(ps)}; a depth's "
-                                                  f"rows in a step must be contiguous, once each, ending at "
-                                                  f"n-2 = {n - 2}")
+            need(ps == list(range(ps[0], n - 1)), f"step {c}, depth {m}: rows {ps[0]}..{ps[-1]} with {_gaps(ps, n)}; "
+                                                  f"a depth's rows in a step must be contiguous, once each, ending "
+                                                  f"at n-2 = {n - 2}")
             need(ps[0] >= lo_prev, f"step {c}: depth {m} ran row {ps[0]}, which depth {m - 1} did not run "
                                    f"(it starts at {lo_prev}); depth {m} reads depth {m - 1}'s output")
             lo_prev = ps[0]
 
 
-def _span(ps: list[int]) -> str:
-    if len(ps) > 6:
-        return f"{ps[:3]}..{ps[-3:]} ({len(ps)} rows)"
-    return str(ps)
+def _gaps(ps: list[int], n: int) -> str:
+    """What keeps the positions ps from being ps[0]..n-2, once each."""
+    seen = set(ps)
+    said = [f"{len(ps) - len(seen)} repeated"] if len(seen) < len(ps) else []
+    missing = [p for p in range(ps[0], n - 1) if p not in seen]
+    if missing:
+        said.append(f"{len(missing)} missing (first {missing[0]})")
+    if ps[-1] > n - 2:
+        said.append(f"rows past n-2 = {n - 2}")
+    return ", ".join(said)
