@@ -193,21 +193,28 @@ def check_dump(head, dump: PortDump, tolerance: float | None = None, diagnose: b
 
     found = _schedule_findings(steps) + _row_findings(head, dump, steps, tol)
     C = rel(E, ref)
-    candidates = []
+    candidates, outputs = [], {}
     if diagnose:
         for km in KNOWN_MISTAKES:
-            if km.reproduce is None:
-                continue
             try:
-                e = rel(E, km.reproduce(head, dump, steps))
+                outputs[km.name] = km.reproduce(head, dump, steps) if km.reproduce is not None else None
             except CannotReplay:
-                continue
-            candidates.append(Candidate(km.name, e, e <= FIT_RATIO * C and C > FIT_FLOOR * tol))
+                pass
+    for name, V in outputs.items():
+        if V is None:
+            continue
+        # what the mistake alone moves: against the correct maths on your schedule (the schedule itself for
+        # the stale-row mistake, whose variant is exactly that replay)
+        base = ref if name == STALE or outputs.get(STALE) is None else outputs[STALE]
+        e, d = rel(E, V), rel(V, base)
+        visible = d > FIT_FLOOR * tol                # else this dump cannot tell the mistake from its absence
+        candidates.append(Candidate(name, e, d, visible and e <= FIT_RATIO * C and C > FIT_FLOOR * tol))
     named = [mistake for _, mistake in found if mistake is not None]
     # closest first; mistakes that fit equally well (a schedule that never rolls back cannot tell a
     # missing conv rollback from a missing repair) are ordered by what the dump's structure shows
-    best = min((c.error for c in candidates), default=0.0)
-    candidates.sort(key=lambda c: (c.error > 1.01 * best + 1e-12, c.mistake not in named, c.error))
+    best = min((c.error for c in candidates if c.distance > FIT_FLOOR * tol), default=0.0)
+    candidates.sort(key=lambda c: (c.distance <= FIT_FLOOR * tol, c.error > 1.01 * best + 1e-12,
+                                   c.mistake not in named, c.error))
     blamed = [c for c in candidates if c.reproduces]
     diagnosis = [Diagnosis(c.mistake, f"it reproduces the outputs: relative error {c.error:.2g}, against {C:.2g} for "
                            "the correct computation", BY_NAME[c.mistake].cost(), BY_NAME[c.mistake].fix)
@@ -222,4 +229,5 @@ def check_dump(head, dump: PortDump, tolerance: float | None = None, diagnose: b
                f"{str(dump.engine_dtype).removeprefix('torch.')}"
                f"{', engine ' + dump.metadata['engine'] if 'engine' in dump.metadata else ''}; reference in "
                f"{str(p.dtype).removeprefix('torch.')} on {p.device.type}")
-    return Report(passed, dump.path, summary, tol, C, depths, first, [t for t, _ in found], diagnosis, candidates)
+    return Report(passed, dump.path, summary, tol, C, depths, first, [t for t, _ in found], diagnosis, candidates,
+                  FIT_FLOOR * tol)

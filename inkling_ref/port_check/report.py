@@ -30,6 +30,7 @@ class Divergence:
 class Candidate:
     mistake: str
     error: float              # ||engine - variant|| / ||variant|| over every row
+    distance: float           # how far the mistake alone moves this dump's outputs (relative)
     reproduces: bool
 
 
@@ -53,6 +54,7 @@ class Report:
     findings: list[str] = field(default_factory=list)       # what the dump's structure and inputs show
     diagnosis: list[Diagnosis] = field(default_factory=list)
     candidates: list[Candidate] = field(default_factory=list)   # every known mistake, best first
+    invisible_below: float = 0.0      # a mistake moving the outputs less than this cannot be named from the dump
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,8 +82,13 @@ class Report:
         if not self.passed and not self.diagnosis:
             lines.append("  diagnosis: no known mistake reproduces these outputs (closest below); docs/port_checker.md "
                          "says how to narrow it down")
-        if self.candidates:
+        seen = [c for c in self.candidates if c.distance > self.invisible_below]
+        unseen = [c.mistake for c in self.candidates if c.distance <= self.invisible_below]
+        if seen:
             lines.append("  known mistakes, closest first (relative error against each):")
             lines.append(f"    {self.correct_error:8.1e}  none (the correct computation)")
-            lines += [f"    {c.error:8.1e}  {c.mistake}" for c in self.candidates]
+            lines += [f"    {c.error:8.1e}  {c.mistake}" for c in seen]
+        if unseen:
+            lines.append(f"  not visible in this dump (they move its outputs by less than {self.invisible_below:.0e}): "
+                         + "; ".join(unseen))
         return "\n".join(lines)
