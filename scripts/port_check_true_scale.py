@@ -89,9 +89,9 @@ def measure_load(directory: str, dtype: str, device: str) -> None:
     head = load_head(directory, dtype=getattr(torch, dtype), device=device)
     if device == "cuda":
         torch.cuda.synchronize()
-    out = {"dtype": dtype, "device": device, "seconds": time.perf_counter() - t0,
-           "rss_before_gb": before / 1e9, "rss_peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
-           "head_gb": sum(p.numel() * p.element_size() for p in head.parameters()) / 1e9}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = {"dtype": dtype, "device": device, "seconds": time.perf_counter() - t0, "rss_before_gb": before / 1e9,
+           "rss_peak_gb": peak / 1e9, "head_gb": sum(p.numel() * p.element_size() for p in head.parameters()) / 1e9}
     if device == "cuda":
         out["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
     print(json.dumps(out))
@@ -166,8 +166,8 @@ def run_check(ckpt: Path, cfg, k: int, L: int, cycles: int, device: str, tmp: Pa
         report = check_dump(head, dump)
         t2 = time.perf_counter()
         print(report.render())
-        out[name] = {"load_s": load_s, "dump_mb": (tmp / "dump.safetensors").stat().st_size / 1e6, "rows": dump.num_rows,
-                     "capture_s": t1 - t0, "check_s": t2 - t1, "passed": report.passed,
+        out[name] = {"load_s": load_s, "dump_mb": (tmp / "dump.safetensors").stat().st_size / 1e6,
+                     "rows": dump.num_rows, "capture_s": t1 - t0, "check_s": t2 - t1, "passed": report.passed,
                      "diagnosis": [d.mistake for d in report.diagnosis],
                      "depths": [(d.depth, d.error, d.worst_row) for d in report.depths]}
         print(name, {kk: v for kk, v in out[name].items() if kk != "depths"})

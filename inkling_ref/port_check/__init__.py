@@ -17,9 +17,9 @@ wrong, where it first diverges and which known porting mistake reproduces it (do
 from .capture import capture_reference
 from .check import TOLERANCE, check_dump
 from .dump import DumpError, DumpRecorder, PortDump, read_dump
-from .head_loader import MTPHeadModel, head_of, load_head
+from .head_loader import MTPHeadModel, load_head
 from .pitfalls import KNOWN_MISTAKES
 from .report import Report
 
 __all__ = ["DumpError", "DumpRecorder", "KNOWN_MISTAKES", "MTPHeadModel", "PortDump", "Report", "TOLERANCE",
-           "capture_reference", "check_dump", "head_of", "load_head", "read_dump"]
+           "capture_reference", "check_dump", "load_head", "read_dump"]

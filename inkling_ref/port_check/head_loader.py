@@ -23,7 +23,6 @@ from ..io import names
 from ..io.checkpoint import (CheckpointError, check_quantized, complete_mtp_depths, read_config, read_headers,
                              tensor_files)
 from ..io.config import InklingConfig
-from ..model.model import InklingModel
 from ..model.mtp import MTPHead
 from ..model.norm import RMSNorm
 from ..model.trunk import Trunk
@@ -70,16 +69,6 @@ def _no_init():
             yield
     finally:
         nn.init.normal_ = normal_
-
-
-def head_of(model: InklingModel) -> MTPHeadModel:
-    """The head of a model in memory, sharing its tensors (no copy)."""
-    with _no_init():
-        head = MTPHeadModel(model.config, model.num_mtp_depths)
-    state = {n: p for n, p in model.named_parameters() if n.startswith("mtp.") or n in
-             {f"trunk.{t}.weight" for t in ("embed", "embed_norm", "norm", "unembed")}}
-    head.load_state_dict(state, strict=True, assign=True)
-    return head.eval()
 
 
 def head_shapes(config: InklingConfig, num_depths: int) -> dict[str, tuple[int, ...]]:
