@@ -4,6 +4,7 @@
                          [--max-new-tokens N] [--temperature T [--top-k K] [--top-p P] [--seed S]]
                          [--dtype D] [--engine ref|fast] [--threads N]
     inkling-mtp convert SRC DST [--max-shard-size 5GB] [--overwrite]
+    inkling-mtp check-port DUMP --checkpoint DIR [--tolerance T] [--dtype D] [--device D] [--json FILE]
 
 This package sits above both engines: it imports `inkling_ref`, and `inkling_fast` only when a
 command runs the fast engine, so a CPU-only install without Triton runs every command with
@@ -15,7 +16,8 @@ Errors are one line, `inkling-mtp COMMAND: error: ...`, that names the flag or f
 valid, in the command line's own words (`--k 9`, not the API's `num_speculative_tokens=9`); never a
 traceback. Exit status 2: the command line is invalid whatever the checkpoint (a flag's value, flags
 that contradict each other); 1: it cannot run with these files (the checkpoint, its config or
-tokenizer, or a prompt, --k or --max-new-tokens beyond what the checkpoint holds).
+tokenizer, or a prompt, --k or --max-new-tokens beyond what the checkpoint holds). check-port adds 3: the
+dump was read and does not pass.
 """
 
 from __future__ import annotations
@@ -26,15 +28,15 @@ import sys
 from inkling_ref import CheckpointError, ConfigError
 from inkling_ref.decoding.speculative import NonFiniteError
 
-from . import convert, generate
+from . import check_port, convert, generate
 
 # The subcommands, in the order `--help` lists them.
-SUBCOMMANDS = [generate.add, convert.add]
+SUBCOMMANDS = [generate.add, convert.add, check_port.add]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inkling-mtp",
-                                     description="Inkling MTP speculative decoding: generate, convert checkpoints.")
+    parser = argparse.ArgumentParser(prog="inkling-mtp", description="Inkling MTP speculative decoding: generate, "
+                                                                      "convert checkpoints, check a port.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(subparsers)

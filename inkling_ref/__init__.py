@@ -5,6 +5,8 @@
     decoding/   the speculative cycle (speculative), generate and its statistics (generation), sampling
     tree/       tree drafts: a tree of candidates from the MTP depths, verified in one trunk pass
     io/         config.json (config), checkpoints (checkpoint, names, transformers_layout)
+    port_check/ the port checker: a dump of what an engine's depths computed, checked against the
+                reference, with the known porting mistake that reproduces it (docs/port_checker.md)
     testing.py  how the project compares tensors
 """
 

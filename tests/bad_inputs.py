@@ -473,6 +473,125 @@ CASES = [
                             "(its config.json declares 8); depth 3 lacks: model.mtp.layers.3.input_proj.weight"),
 ]
 
+# ---------------------------------------------------------------------- check-port: dumps it cannot check
+# (one block, spliced into the command line's cases below; docs/port_checker.md is the format)
+from safetensors import safe_open  # noqa: E402
+
+from inkling_ref.port_check import capture_reference  # noqa: E402
+
+
+def port_dump(env: Env) -> Path:
+    """A good dump of the tiny checkpoint (reference cycle, k = 2, 3 cycles), written once per session."""
+    path = env.root / "port_dump.safetensors"
+    if not path.exists():
+        capture_reference(env.model, list(range(3, 20)), 2, 3, path)
+    return path
+
+
+def dump_arg(name: str, edit: Callable[[dict, dict], None] | None = None):
+    """A command-line argument: the path of a copy of the good dump changed by edit(tensors, metadata)."""
+    def arg(env: Env) -> str:
+        with safe_open(port_dump(env), framework="pt") as f:
+            meta, tensors = dict(f.metadata()), {n: f.get_tensor(n) for n in f.keys()}
+        if edit is not None:
+            edit(tensors, meta)
+        path = env.root / f"{name}.safetensors"
+        save_file(tensors, path, metadata=meta)
+        return str(path)
+    return arg
+
+
+def other_seed_checkpoint(env: Env) -> str:
+    """The tiny checkpoint's shapes with other weights (seed 1)."""
+    path = env.root / "other_seed"
+    if not path.exists():
+        save_checkpoint(random_model(tiny_random_config(), seed=1), path)
+    return str(path)
+
+
+def set_field(name: str, fn):
+    return lambda tensors, meta: tensors.update({name: fn(tensors[name])})
+
+
+def drop_field(name: str, rename_to: str | None = None):
+    def edit(tensors, meta):
+        t = tensors.pop(name)
+        if rename_to:
+            tensors[rename_to] = t
+    return edit
+
+
+def one_wrong_draft(tensors, meta):
+    """Step 0's first draft changed: if it was accepted, the committed token no longer follows from it."""
+    n0 = int(tensors["step_n"][0])
+    tensors["step_drafts"][0, 0] = (int(tensors["tokens"][n0]) + 1) % 500
+    tensors["step_n"][1] = max(int(tensors["step_n"][1]), n0 + 2)
+
+
+def port_check(dump, checkpoint="{ckpt}", *flags):
+    return cli("check-port", dump, "--checkpoint", checkpoint, *flags)
+
+
+PORT_DUMP_CASES = [
+    Case("CLI", "`check-port` of a dump that does not exist", port_check("{tmp}/nowhere.safetensors"),
+         "exit 1", "<tmp>/nowhere.safetensors: no such file"),
+    Case("CLI", "`check-port` without `--checkpoint`", cli("check-port", dump_arg("good")),
+         "exit 2", "the following arguments are required: --checkpoint"),
+    Case("CLI", "`check-port` of a checkpoint's safetensors file instead of a dump",
+         port_check("{ckpt}/mtp.safetensors"),
+         "exit 1", "<tmp>/ckpt/mtp.safetensors: not a port dump (its safetensors metadata lacks "
+                   "format=inkling-mtp-port-dump)"),
+    Case("CLI", "`check-port` of a file that is not safetensors", port_check("{ckpt}/config.json"),
+         "exit 1", "<tmp>/ckpt/config.json: not a readable safetensors file"),
+    Case("CLI", "a dump of another format version",
+         port_check(dump_arg("version", lambda t, m: m.update(version="2"))),
+         "exit 1", "dump format version '2'; this checker reads version 1"),
+    Case("CLI", "a dump without `row_hidden` (a required field)", port_check(dump_arg("no_rows", drop_field("row_hidden"))),
+         "exit 1", "missing required field(s) 'row_hidden'; a dump holds tokens, hidden, step_n, step_k"),
+    Case("CLI", "a dump whose field is misspelled `row_hiden`",
+         port_check(dump_arg("typo", drop_field("row_hidden", "row_hiden"))),
+         "exit 1", "missing required field(s) 'row_hidden' (the file has 'row_hiden')"),
+    Case("CLI", "a dump whose `tokens` are float32",
+         port_check(dump_arg("float_tokens", set_field("tokens", lambda t: t.float()))),
+         "exit 1", "field 'tokens' must hold integers (int32 or int64), got torch.float32"),
+    Case("CLI", "a dump whose `row_hidden` are int64",
+         port_check(dump_arg("int_hidden", set_field("row_hidden", lambda t: t.long()))),
+         "exit 1", "field 'row_hidden' must be float16, bfloat16, float32 or float64, got torch.int64"),
+    Case("CLI", "a dump whose `hidden` is one-dimensional",
+         port_check(dump_arg("flat_hidden", set_field("hidden", lambda t: t.flatten()))),
+         "exit 1", "field 'hidden' must have 2 dimension(s), got shape"),
+    Case("CLI", "a dump with fewer `row_hidden` rows than `row_step` lists",
+         port_check(dump_arg("short_rows", set_field("row_hidden", lambda t: t[:-3]))),
+         "exit 1", "field 'row_hidden' has 43 rows; row_step lists 46"),
+    Case("CLI", "a dump whose depth skipped a row of its window",
+         port_check(dump_arg("gap", set_field("row_position", lambda t: t.where(t != 5, 4)))),
+         "exit 1", "step 0, depth 0: rows 0..16 with 1 repeated, 1 missing (first 5); a depth's rows in a step must "
+                   "be contiguous, once each, ending at n-2 = 16"),
+    Case("CLI", "a dump whose accepted draft is not the committed token", port_check(dump_arg("wrong_draft",
+                                                                                                one_wrong_draft)),
+         "exit 1", "step 0 accepted 1 draft(s) (n goes 18 -> 20) but tokens[18:19] = [490] are not its drafts [491]"),
+    Case("CLI", "a dump holding NaN in `hidden`",
+         port_check(dump_arg("nan", set_field("hidden", lambda t: t.index_fill(0, torch.tensor([2]), math.nan)))),
+         "exit 1", "field 'hidden' holds NaN or infinite values"),
+    Case("CLI", "a dump with token id 999 (vocabulary of 500)",
+         port_check(dump_arg("big_id", set_field("tokens", lambda t: t.index_fill(0, torch.tensor([0]), 999)))),
+         "exit 1", "field 'tokens' holds token id 999; the checkpoint's vocabulary is 0..499"),
+    Case("CLI", "a dump checked against another model (the demo checkpoint)",
+         port_check(dump_arg("good"), str(DEFAULT)),
+         "exit 1", "its hidden states are 64 wide and the checkpoint's hidden_size is 256: the dump comes from "
+                   "another model"),
+    Case("CLI", "a dump checked against a checkpoint of the same shapes and other weights",
+         port_check(dump_arg("good"), other_seed_checkpoint),
+         "exit 1", "written with another checkpoint: its checkpoint_probe (MTP depth 0 input_proj.weight[0, :16]) "
+                   "differs"),
+    Case("CLI", "a dump checked against a checkpoint without an MTP head",
+         port_check(dump_arg("good"), checkpoint_dir("trunk", drop("mtp.safetensors"))),
+         "exit 1", "its steps ran 2 MTP depths and the checkpoint <tmp>/trunk has 0: the dump comes from another "
+                   "checkpoint"),
+]
+_AT = next(i for i, c in enumerate(CASES) if c.area != "CLI")   # after the command line's other cases
+CASES[_AT:_AT] = PORT_DUMP_CASES
+
 
 def tensor_as(name: str, dtype, file: str = "model.safetensors"):
     """Store tensor `name` in `dtype`."""
