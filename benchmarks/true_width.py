@@ -146,7 +146,7 @@ def memory_plan(cfg, slots: int, max_seq_len: int, k: int, prefill_tokens: int, 
         return slots * (2 * cap * nKV * hd + 2 * R * nKV * hd + 2 * R * H) * b
 
     caches = sum(cache(t) for t in cfg.layer_types) + sum(cache(t) for t in depth_kinds)
-    state = (slots + 1) * ((max_seq_len + k + 1) * 8 + (2 * k + 2) * H * b + 6 * 8)
+    state = (slots + 1) * ((max_seq_len + k + 1) * 8 + (2 * k + 2) * H * b + 5 * 8 + 1)   # + n, stop, eos, seeds, counters, done
     P = prefill_tokens
     nH, _, _, E = cfg.attention_shape("global")
     transient = P * (nH * E * 4 + (cfg.num_experts_per_tok + cfg.n_shared_experts) * H * 4
@@ -617,6 +617,7 @@ def run(out_dir: Path) -> dict:
     Bmax, ctx, N = max(g["batches"]), g["context"], g["new_tokens"]
     max_seq_len = ctx + max(N, max(g["ks"]) + 2) + 1
     if DEV == "cuda":
+        torch.cuda.empty_cache()                        # the bandwidth and GEMM buffers: free for the slice
         free, total = torch.cuda.mem_get_info()
     else:
         free = total = int(g["device_gib"] * 2**30)
@@ -788,7 +789,7 @@ def render(res: dict) -> str:
               "for MoE layers the distinct routed experts the batch's tokens select on both inputs (uniform top-k routing "
               "expects the next column), and the MoE alone on both.", "",
               *table(["batch", "layer", "kind", "context", "engine inputs ms", "random inputs ms", "experts (engine)",
-                      "experts (random)", "uniform", "MoE engine ms", "MoE random ms"], rows, text=0), ""]
+                      "experts (random)", "uniform", "MoE engine ms", "MoE random ms"], rows), ""]
     prof = res.get("kernel_profile")
     if prof:
         rows = [[f"`{k['kernel'][:80]}`", fmt(k["cycle_us"], ".1f"), fmt(k["isolated_us"], ".1f"),
