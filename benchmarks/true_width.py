@@ -18,8 +18,9 @@ One process, in this order (each step records what it measured in the JSON, whic
    `memory_plan` computes one from the shapes (weights, the engine's caches for batch max(batches) at
    context + new tokens, the slot state, the largest transient of a prefill pass) and the slice takes the
    most MoE layers whose plan, plus headroom, fits the device's free memory.
-2. The cost model's inputs, measured in the same run on the slice's own weights and caches
-   (what `benchmarks/engine.py layers head` measures on separately drawn blocks): one layer of each kind
+2. The cost model's inputs, measured in the same run on the slice's own weights and caches (what
+   `benchmarks/engine.py layers head` measures on blocks it draws for itself: a second set of 256 experts
+   would not fit beside the slice, and the comparison wants the slice's own layers): one layer of each kind
    (forward.block_forward, CUDA-graph replay, context `context`, random inputs) at every batch x T = k + 1,
    the greedy LM head at every batch x T rows, one depth step (depth 0 and the argmax of its last row)
    at every batch x rows = k + 1; and, for the prefill, one chunk of min(prefill budget, context) tokens
