@@ -124,7 +124,7 @@ class Widths:
 
 
 TRUE = Widths(
-    "true", dict(num_layers=2, layer_types=["sliding", "global"], mlp_types=["dense", "moe"], num_mtp_depths=2,
+    "inkling_small", dict(num_layers=2, layer_types=["sliding", "global"], mlp_types=["dense", "moe"], num_mtp_depths=2,
                  mtp_layer_types=["sliding", "global"], log_scaling_n_floor=256, max_position_embeddings=4096),
     prompt_lengths=(600, 513, 37), new_tokens=20, prefill_tokens=1024, prefill_lengths=None, head_scale=10.0,
     prefix_picks=16, mutant_tokens=3, bf16_plain=True, seed=11, draw_on=DEVICE)
