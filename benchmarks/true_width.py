@@ -48,7 +48,7 @@ One process, in this order (each step records what it measured in the JSON, whic
    prefill costed from the per-kind chunks (checked against the slice's measured prefill).
 
 The engine's API used: the constructor, `generate`, `timings`, and for the split the steps the engine's
-docstring lists for driving it by hand (prefill_batch, make_batch, draft, verify, accept, cycle), its
+docstring lists for driving it by hand (prefill_batch, make_batch, and steps.draft, verify, accept, cycle), its
 `trunk_caches` / `depth_caches` and `state.n`.
 """
 
@@ -78,7 +78,7 @@ import harness  # noqa: E402
 import true_scale  # noqa: E402
 from inkling_fast import Engine, cost_model, forward  # noqa: E402
 from inkling_fast.caches import kv_capacity, ring_rows  # noqa: E402
-from inkling_fast.engine import DecodeMode  # noqa: E402
+from inkling_fast.step_io import Decoding  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() and not TINY else "cpu"
 BF16 = torch.bfloat16
@@ -130,7 +130,7 @@ def memory_plan(cfg, slots: int, max_seq_len: int, k: int, prefill_tokens: int, 
     """Bytes the engine holds for the slice `cfg` (what the engine would need as a plan; it has none):
     weights (cost_model.layer_weight_elements per layer and depth, embedding and LM head), the caches of
     inkling_fast.caches (KV: kv_capacity rows; conv rings: ring_rows rows; per trunk layer and depth),
-    the slot state (token buffer, hidden ring), and an estimate of the largest transient of a prefill
+    the slot state (token buffer, every hidden H_p), and an estimate of the largest transient of a prefill
     pass of `prefill_tokens` tokens (the fp32 relative logits of the prefill attention over the global
     extent, the grouped MoE's fp32 pair outputs, the dense MLP's gate/up activations)."""
     H, V = cfg.hidden_size, cfg.vocab_size
@@ -147,7 +147,7 @@ def memory_plan(cfg, slots: int, max_seq_len: int, k: int, prefill_tokens: int, 
         return slots * (2 * cap * nKV * hd + 2 * R * nKV * hd + 2 * R * H) * b
 
     caches = sum(cache(t) for t in cfg.layer_types) + sum(cache(t) for t in depth_kinds)
-    state = (slots + 1) * ((max_seq_len + k + 1) * 8 + (2 * k + 2) * H * b + 5 * 8 + 1)   # + n, stop, eos, seeds, counters, done
+    state = (slots + 1) * ((max_seq_len + k + 1) * 8 + (max_seq_len + k + 1) * H * b + 5 * 8 + 1)   # + n, stop, eos, seeds, counters, done
     P = prefill_tokens
     nH, _, _, E = cfg.attention_shape("global")
     transient = P * (nH * E * 4 + (cfg.num_experts_per_tok + cfg.n_shared_experts) * H * 4
@@ -348,31 +348,31 @@ def generate_grid(eng: Engine, prompts, cfg, res: dict, budget: Budget) -> None:
 def cycle_split(eng: Engine, prompts, cfg, res: dict, budget: Budget, B: int, lm_head_ms) -> None:
     """Step 4 (and 5 at k = 0) at batch B: one batched prefill (k = max), then per k the draft chain,
     the verify, the accept step and the whole cycle (its length rolled back after each replay)."""
-    g, mode, st = GRID, DecodeMode(), eng.state
+    g, st = GRID, eng.state
     kmax = max(g["ks"])
     slots = list(range(B))
-    eng.prefill_batch(slots, prompts[:B], kmax, [eng.max_seq_len] * B, mode)
+    eng.prefill_batch(slots, prompts[:B], Decoding(kmax), [eng.max_seq_len] * B)
     split = res.setdefault("split", [])
     for k in g["ks"]:
-        batch = eng.make_batch(slots, k)
+        batch, dec = eng.make_batch(slots, k), Decoding(k)
         n0 = st.n.clone()
         gd = None
         if k > 0:
-            gd, (drafts, q) = capture(lambda: eng.draft(batch, k, mode))
+            gd, (drafts, q) = capture(lambda: eng.steps.draft(batch, dec))
         else:
-            drafts, q = eng.draft(batch, k, mode)
-        gv, (hidden, k_eff) = capture(lambda: eng.verify(batch, k))
-        ga, _ = capture(lambda: eng.accept(batch, k, mode, drafts, q, hidden, k_eff))
+            drafts, q = eng.steps.draft(batch, dec)
+        gv, (hidden, k_eff) = capture(lambda: eng.steps.verify(batch, dec))
+        ga, _ = capture(lambda: eng.steps.accept(batch, dec, drafts, q, hidden, k_eff))
 
         def whole():
-            out = eng.cycle(batch, k, mode)
+            out = eng.steps.cycle(batch, dec)
             st.n.copy_(n0)
             return out
 
         gc, _ = capture(whole)
-        d = replay_ms(gd, lambda: eng.draft(batch, k, mode)) if k > 0 else 0.0
-        v = replay_ms(gv, lambda: eng.verify(batch, k))
-        a = replay_ms(ga, lambda: eng.accept(batch, k, mode, drafts, q, hidden, k_eff))
+        d = replay_ms(gd, lambda: eng.steps.draft(batch, dec)) if k > 0 else 0.0
+        v = replay_ms(gv, lambda: eng.steps.verify(batch, dec))
+        a = replay_ms(ga, lambda: eng.steps.accept(batch, dec, drafts, q, hidden, k_eff))
         c = replay_ms(gc, whole)
         head = lm_head_ms(B * (k + 1))
         row = dict(batch=B, k=k, context=int(n0[0]), cycle_ms=c, draft_ms=d, verify_ms=v, accept_ms=a,
@@ -414,7 +414,7 @@ def diagnose(eng: Engine, cfg, res: dict, B: int, batch, cycle_graph, budget: Bu
 
     forward.block_forward, forward.mlp_forward = spy_block, spy_mlp
     try:
-        eng.verify(batch, 0)                                    # eager: records each layer's inputs
+        eng.steps.verify(batch, Decoding(0))                    # eager: records each layer's inputs
     finally:
         forward.block_forward, forward.mlp_forward = block, mlp
     rows = []
