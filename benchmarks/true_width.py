@@ -740,7 +740,7 @@ def render(res: dict) -> str:
                          fmt(p["wall_ms"] / floor, ".2f")])
         L += ["## Prefill against its floor", "",
               f"`generate(max_new_tokens=1)` of prompts of {pre[0]['prompt_len']} random tokens (its graphs captured by "
-              "the run before): wall time. FLOP floor: the pass's GEMM and attention FLOPs (trunk over every row, depth m "
+              "a first, untimed call): wall time. FLOP floor: the pass's GEMM and attention FLOPs (trunk over every row, depth m "
               "over rows 0..L-2-k) at the GEMM rate above; byte floor: every pass reads the slice's weights once.", "",
               *table(["batch", "k", "tokens", "passes", "wall ms", "tokens/s", "FLOP floor ms", "byte floor ms", "x floor"],
                      rows), ""]

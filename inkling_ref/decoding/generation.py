@@ -250,11 +250,12 @@ def validate(limits: Limits, prompts: list[list[int]], max_new_tokens: int | lis
 
 
 @torch.no_grad()
-def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, policy: DepthPolicy,
+def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, policy: DepthPolicy | int,
                  params: SamplingParams, draft_sampling: str, uniforms: Uniforms,
                  eos_token_id: int | None) -> tuple[list[int], list[CycleRecord]]:
     """One sequence: prefill, then cycles until max_new_tokens or EOS, each with the k `policy` chooses
-    (told the cost of each cycle, and of the rows a larger k would recompute first)."""
+    (told the cost of each cycle, and of the rows a larger k would recompute first); an int: that k."""
+    policy = depth_policy(policy, policy if isinstance(policy, int) else 0)
     def pick(logits, u):
         return int(logits.argmax()) if params.greedy else sample(probs(logits, params), u)
 

@@ -82,13 +82,21 @@ def assert_rounded_equal(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def load_benchmark(name: str):
-    """benchmarks/<name>.py imported by path (benchmarks/ is not a package)."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    """benchmarks/<name>.py imported by path (benchmarks/ is not a package). The script puts benchmarks/
+    on sys.path to import its sibling scripts; that entry and those modules are taken back afterwards,
+    so that a later import elsewhere (e.g. transformers' `import kernels`) never finds a benchmark
+    script by its plain name."""
+    folder = Path(__file__).resolve().parents[2] / "benchmarks"
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    path, modules = list(sys.path), set(sys.modules)
     sys.modules[spec.name] = mod          # dataclasses look their module up there
     try:
         spec.loader.exec_module(mod)
     finally:
-        del sys.modules[spec.name]
+        sys.path[:] = path
+        for added in set(sys.modules) - modules:
+            if getattr(sys.modules[added], "__file__", None) and Path(sys.modules[added].__file__).parent == folder:
+                del sys.modules[added]
+        sys.modules.pop(spec.name, None)
     return mod

@@ -32,8 +32,10 @@ def model():
     return agreeable_model(engine_config(num_mtp_depths=2, mtp_layer_types=["sliding", "global"]), seed=3)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine(model):
+    """A fresh engine per test: on a GPU a step's CUDA graph is captured on first use, and must capture
+    this test's injection, not an earlier test's."""
     return Engine(model, max_batch_size=2, max_seq_len=16, num_speculative_tokens=2, dtype=torch.float32,
                   device=DEVICE)
 
