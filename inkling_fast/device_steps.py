@@ -105,12 +105,13 @@ class DeviceSteps:
         s = batch.slot.long()
         return s, torch.where(batch.live, self.state.n[s], 0)
 
-    def draft(self, batch: Batch, dec: Decoding, nonfinite: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def draft(self, batch: Batch, dec: Decoding, handed_on: list | None = None,
+              nonfinite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Depths 0..k-1 over the window [n-2-k, n-2]; d_{m+1} is written at tokens[n+m].
         Returns (drafts int64 [B, k], q [B, k, V] float64: the draft distributions, or None for greedy drafts).
-        nonfinite (int64 [B], optional): marked NonFinite.DRAFT + m (`mark`) for a row whose depth m hands on
-        a non-finite hidden state at a valid window row (or samples from non-finite probabilities)."""
+        handed_on (optional): gets depth m's output row at n-2, [B, H], for m = 0..k-1 (`nonfinite_code`).
+        nonfinite (int64 [B], optional): marked NonFinite.DRAFT + m (`mark`) for a row whose sampled draft
+        comes from non-finite probabilities (sampled drafts only)."""
         st, (s, n), k = self.state, self._lengths(batch), dec.k
         if k == 0:                                                               # plain decoding: no drafts
             return st.tokens.new_zeros(len(s), 0), None
@@ -122,17 +123,16 @@ class DeviceSteps:
             ids = st.tokens[s[:, None], (p + m + 1).clamp(min=0)]               # slot p+m+1: x or an earlier draft
             h = forward.depth_forward(self.W, m, self.depth_caches[m], h, ids, batch.slot, pos)
             last = h[:, -1]                                                      # row p = n-2
-            bad = rows_not_finite(h, pos >= 0) if nonfinite is not None else None
+            if handed_on is not None:
+                handed_on.append(last)
             if dec.sampled_drafts:
                 q_m = probs(forward.logits(self.W, last), dec.draft_params)      # [B, V]
                 d = sample_tokens(q_m, batch.uniforms[:, m])
                 q.append(q_m)
-                if bad is not None:
-                    bad = bad | ~torch.isfinite(q_m).all(dim=1)
+                if nonfinite is not None:
+                    mark(nonfinite, ~torch.isfinite(q_m.sum(dim=1)) & batch.live, NonFinite.DRAFT + m)
             else:
                 d = forward.greedy_tokens(self.W, last)
-            if bad is not None:
-                mark(nonfinite, bad & batch.live, NonFinite.DRAFT + m)
             st.tokens.index_put_((s, n + m), d)                                  # d_{m+1} at position n+m
             drafts.append(d)
         return torch.stack(drafts, dim=1), (torch.stack(q, dim=1) if q else None)
@@ -154,19 +154,17 @@ class DeviceSteps:
                hidden: torch.Tensor, k_eff: torch.Tensor, nonfinite: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Accepted count a (<= k_eff) and the next token b (correction or bonus), per sequence.
-        nonfinite (optional): marked NonFinite.VERIFY for a row whose verify hidden states (or, sampling,
-        its target probabilities) hold a NaN or an infinity at a row t <= k_eff."""
+        nonfinite (optional): marked NonFinite.VERIFY for a row whose target probabilities (sampling only)
+        hold a NaN or an infinity at a row t <= k_eff (its hidden states: `nonfinite_code`)."""
         B, T, H = hidden.shape
         k = dec.k
-        valid = batch.live[:, None] & (torch.arange(T, device=hidden.device) <= k_eff[:, None])
-        if nonfinite is not None:
-            mark(nonfinite, rows_not_finite(hidden, valid), NonFinite.VERIFY)
         if dec.greedy:
             target = forward.greedy_tokens(self.W, hidden.view(B * T, H)).view(B, T)
             a, nxt, _ = greedy_accept(drafts, target, k_eff)
         else:
             p = probs(forward.logits(self.W, hidden), dec.params)                # [B, T, V] float64
             if nonfinite is not None:
+                valid = batch.live[:, None] & (torch.arange(T, device=hidden.device) <= k_eff[:, None])
                 mark(nonfinite, rows_not_finite(p, valid), NonFinite.VERIFY)
             u = batch.uniforms
             a, nxt, _ = rejection_sample(p, q, drafts, u[:, k:2 * k], u[:, 2 * k], k_eff)
@@ -188,12 +186,35 @@ class DeviceSteps:
         s, n = self._lengths(batch)
         if not dec.greedy:
             self._draw_uniforms(batch, dec, s, n)
-        nonfinite = torch.zeros(len(s), dtype=torch.int64, device=s.device)
-        drafts, q = self.draft(batch, dec, nonfinite)
+        sampled, handed = not dec.greedy, []
+        flag = torch.zeros(len(s), dtype=torch.int64, device=s.device) if sampled else None
+        drafts, q = self.draft(batch, dec, handed, flag)
         hidden, k_eff = self.verify(batch, dec)
-        a, nxt = self.accept(batch, dec, drafts, q, hidden, k_eff, nonfinite)
+        a, nxt = self.accept(batch, dec, drafts, q, hidden, k_eff, flag)
         self.commit(batch, a, nxt)
+        nonfinite = self.nonfinite_code(batch, handed, hidden, k_eff)
+        if sampled:                                  # the earlier of the two checks' steps (drafts, then verify)
+            def order(c):
+                return torch.where(c >= NonFinite.DRAFT, c - NonFinite.DRAFT, torch.where(c == NonFinite.VERIFY, 1 << 20,
+                                                                                          1 << 21))
+            nonfinite = torch.where(order(flag) < order(nonfinite), flag, nonfinite)
         return self._outcome(batch, s, n, drafts, a, nxt, k_eff, nonfinite)
+
+    def nonfinite_code(self, batch: Batch, handed: list[torch.Tensor], hidden: torch.Tensor,
+                       k_eff: torch.Tensor) -> torch.Tensor:
+        """int64 [B]: NonFinite code of the first step of each row whose output holds a NaN or an infinity
+        (NONE: none): draft depth m (its output row at n-2, which makes the draft; a non-finite value at an
+        earlier window row reaches it through attention), then the verify (rows t <= k_eff). One check for
+        the whole cycle, over one sum per row and step: a NaN or an infinity anywhere in a row survives
+        its sum, and finite hidden states are far too small for a float32 sum of H of them to overflow."""
+        B, T, _ = hidden.shape
+        k = len(handed)
+        rows = torch.cat([torch.stack(handed, dim=1), hidden], dim=1) if handed else hidden    # [B, k + T, H]
+        t = torch.arange(k + T, device=hidden.device)
+        bad = ~torch.isfinite(rows.sum(dim=-1, dtype=torch.float32)) & batch.live[:, None] & (t - k <= k_eff[:, None])
+        first = bad.int().argmax(dim=1)
+        return torch.where(bad.any(dim=1), torch.where(first < k, NonFinite.DRAFT + first, NonFinite.VERIFY),
+                           NonFinite.NONE)
 
     def cycle_rows(self, rows: torch.Tensor, dec: Decoding) -> torch.Tensor:
         """`cycle` of the batch whose row b runs the sequence in slot rows[b] (int32 [B]; -1: a padding row)."""

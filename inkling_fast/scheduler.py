@@ -21,10 +21,10 @@ wait, book it), token for token and record for record.
 
 With a depth policy (num_speculative_tokens="auto": inkling_ref.decoding.adaptive) the k of each cycle
 is the policy's choice for the batch it launches: the policy sees every cycle's measured device time
-and accepted counts when the cycle is booked. Prefill passes run at the largest k, so that every depth
-starts from the prompt. Before a cycle at another k than the one in flight, the scheduler books what is
-in flight (one wait: the only one k changes add), then launches the catch-up passes the depths need
-(catchup.py) and the cycle.
+and accepted counts when the cycle is booked. A prefill pass writes the depth rows of the k in use
+(the policy's first choice before any cycle). Before a cycle at another k than the one in flight, the
+scheduler books what is in flight (one wait: the only one k changes add), then launches the catch-up
+passes the depths need (catchup.py) and the cycle.
 
 Host timings of each step land in `StepTiming`s; nothing here changes what a step computes.
 """
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inkling_ref.decoding.adaptive import DepthPolicy, FixedDepth
+from inkling_ref.decoding.adaptive import AdaptiveDepth, DepthPolicy, FixedDepth
 from inkling_ref.decoding.generation import CycleRecord, Uniforms
 from inkling_ref.decoding.speculative import NonFiniteError, non_finite_message
 
@@ -155,7 +155,13 @@ class Scheduler:
                 pending.append(seq)
             steps = []
             if pending and not (decoding and after_pass):      # running sequences wait one pass at most
-                step = self.launch_prefill(pending, dec)
+                if self.adaptive and k_last is None:           # the first k, for the first prompts' depth rows
+                    first = pending[: self.max_batch_size]
+                    k_last = self.policy.max_k if not isinstance(self.policy, AdaptiveDepth) else \
+                        self.policy.choose(len(first), self.batch_size_for(len(first)),
+                                           max(s.stop - len(s.prompt) for s in first), None)
+                step = self.launch_prefill(pending, Decoding(k_last, dec.params, dec.draft_sampling)
+                                           if self.adaptive else dec)
                 for seq, last in zip(step.seqs, step.last):
                     if last and seq.stop > len(seq.prompt) + 1:      # max_new_tokens = 1: x_L is all
                         decoding[seq.slot] = seq
@@ -183,8 +189,7 @@ class Scheduler:
         """The k of the next cycle of `batch`: the request's k, or its policy's choice."""
         if self.policy is None:
             return k
-        catchup = {j: max(seq.rows.missing(j)[1] for seq in batch) for j in range(self.policy.max_k + 1)} \
-            if self.adaptive else None
+        catchup = (lambda j: max(seq.rows.missing(j)[1] for seq in batch)) if self.adaptive else None
         remaining = max(seq.stop - len(seq.prompt) - len(seq.out) for seq in batch)
         return self.policy.choose(len(batch), self.batch_size_for(len(batch)), remaining, current, catchup)
 

@@ -11,10 +11,14 @@ Acceptance alone cannot pick k: the same c_j favour k = 8 where a cycle costs ab
 k (small batches, where reading the weights dominates) and k = 0 where each extra draft costs a
 sequential depth pass over many rows (large batches). So the cost table is per batch size and k.
 
-Acceptance is learned as it decodes: c_j ~ Beta(1 + accepted_j, 1 + rejected_j), counted over the cycles
-that reached position j. Each decision draws c from these posteriors (Thompson sampling) instead of
-taking their means: a position never reached has a wide posterior, so a larger k is still tried now
-and then, in proportion to how likely it is to be the best; once tried, its counts settle the question.
+Acceptance is learned as it decodes: c_j ~ Beta(PRIOR_ACCEPTED + accepted_j, PRIOR_REJECTED + rejected_j),
+counted over the cycles that reached position j. Each decision draws c from these posteriors (Thompson
+sampling) instead of taking their means: a position never reached has a wide posterior, so a larger k
+is still tried now and then, in proportion to how likely it is to be the best; once tried, its counts
+settle the question. The prior leans towards acceptance (mean 0.8, the weight of five cycles): MTP
+depths are trained to be accepted, and starting deep and backing off is cheap (a smaller k needs
+almost no catch-up), while starting shallow and growing costs a catch-up of every row the deeper
+depths missed.
 
 Costs are measured, never constants: the fast engine times its captured cycles (at setup, then every
 cycle on the device), the reference its own passes. A cost never measured is estimated from those
@@ -23,7 +27,10 @@ measured at the same batch size (a line in k) or at the nearest batch size.
 Switching to a larger k has a price: depths that did not run while k was smaller (and rows that a long
 acceptance left behind) must catch up before they draft (their missing rows recomputed from the
 committed tokens). `choose` is told how many rows that is for each k and charges their estimated cost
-once, over the cycles the decision will hold (`interval`, or fewer when the sequences are about to end).
+once, spread over the cycles the sequences have left at that k (a switch is kept once paid for). A
+switch must also promise `margin` more tokens per ms than staying: Thompson draws alone would flap
+between ks of nearly equal rates, and every change of k costs the engine one wait for the cycle in
+flight.
 
     DepthPolicy           the interface both engines drive: choose, observe, observe_cost
     FixedDepth(k)         always k
@@ -44,11 +51,11 @@ class DepthPolicy:
     """How many drafts the next cycle makes. `max_k`: the depths loaded (the largest k it may return)."""
     max_k: int = 0
 
-    def choose(self, live: int, batch: int, remaining: int, current: int | None,
-               catchup_rows: dict[int, int] | None = None) -> int:
+    def choose(self, live: int, batch: int, remaining: int, current: int | None, catchup_rows=None) -> int:
         """k for the next cycle of `live` sequences padded to `batch` rows; `remaining`: the most new tokens
         any of them may still emit; `current`: the k of the last cycle (None before the first);
-        catchup_rows[k]: rows the depths must recompute before a cycle at k (0 or absent: none)."""
+        catchup_rows(k): rows the depths must recompute before a cycle at k (None: none), called only
+        when a decision is made."""
         raise NotImplementedError
 
     def observe(self, k: int, accepted: list[int]) -> None:
@@ -163,11 +170,14 @@ class AdaptiveDepth(DepthPolicy):
     random draws of the acceptance posteriors; memory: how many recent observations per position the
     counts keep (older ones fade, so that acceptance that drifts over a request is followed)."""
 
+    PRIOR_ACCEPTED, PRIOR_REJECTED = 4.0, 1.0
+
     def __init__(self, max_k: int, costs: CycleCosts | None = None, interval: int = 4, seed: int = 0,
-                 memory: float = 200.0):
+                 memory: float = 200.0, margin: float = 0.03):
         if not isinstance(max_k, int) or max_k < 0:
             raise ValueError(f"max_k must be an integer >= 0, got {max_k!r}")
         self.max_k, self.costs, self.interval, self.memory = max_k, costs or CycleCosts(), interval, memory
+        self.margin = margin
         self.accepted = [0.0] * max_k           # per position j = 1..max_k
         self.rejected = [0.0] * max_k
         self.rng = random.Random(seed)
@@ -177,22 +187,24 @@ class AdaptiveDepth(DepthPolicy):
 
     def conditional(self, draw: bool = True) -> list[float]:
         """c_1..c_max_k: drawn from the Beta posteriors (draw=True), or their means."""
+        pa, pr = self.PRIOR_ACCEPTED, self.PRIOR_REJECTED
         if draw:
-            return [self.rng.betavariate(1 + a, 1 + r) for a, r in zip(self.accepted, self.rejected)]
-        return [(1 + a) / (2 + a + r) for a, r in zip(self.accepted, self.rejected)]
+            return [self.rng.betavariate(pa + a, pr + r) for a, r in zip(self.accepted, self.rejected)]
+        return [(pa + a) / (pa + pr + a + r) for a, r in zip(self.accepted, self.rejected)]
 
     def rates(self, live: int, batch: int, remaining: int, current: int | None, conditional: list[float],
-              catchup_rows: dict[int, int] | None = None) -> dict[int, float]:
-        """Expected tokens per ms of each k whose cost is known, over the cycles the decision would hold,
-        with the catch-up a switch needs charged once."""
+              catchup_rows=None) -> dict[int, float]:
+        """Expected tokens per ms of each k whose cost is known, over the cycles the sequences have left at
+        that k, with the catch-up a switch needs charged once. catchup_rows: a function of k, or a dict."""
+        rows = catchup_rows.get if isinstance(catchup_rows, dict) else catchup_rows
         out = {}
         for k in range(self.max_k + 1):
             cost = self.costs.cycle_ms(batch, k)
             if cost is None:
                 continue
             L = acceptance_length(conditional, k)
-            cycles = max(1.0, min(float(self.interval), remaining / L))
-            switch = self.costs.catchup_ms(batch, k, (catchup_rows or {}).get(k, 0)) if k != current else 0.0
+            cycles = max(1.0, remaining / L)
+            switch = self.costs.catchup_ms(batch, k, (rows(k) or 0) if rows else 0) if k != current else 0.0
             out[k] = live * L * cycles / (cost * cycles + switch)
         return out
 
@@ -203,6 +215,8 @@ class AdaptiveDepth(DepthPolicy):
             return current
         rates = self.rates(live, batch, remaining, current, self.conditional(), catchup_rows)
         k = max(rates, key=rates.get) if rates else self.max_k
+        if current in rates and rates[k] < rates[current] * (1 + self.margin):
+            k = current                                   # not worth a change
         self.batch, self.held = batch, 1
         self.used[k] += 1
         return k

@@ -268,7 +268,7 @@ def generate_one(model: InklingModel, prompt: list[int], max_new_tokens: int, po
     k = None
     while len(out) < max_new_tokens and out[-1] != eos_token_id:
         remaining = max_new_tokens - len(out)
-        k = policy.choose(1, 1, remaining, k, {j: S.catchup_rows(state, j) for j in range(policy.max_k + 1)})
+        k = policy.choose(1, 1, remaining, k, lambda j: S.catchup_rows(state, j))
         k_eff = min(k, remaining - 1, max_len - state.n)  # verify writes positions n-1 .. n-1+k_eff
         t0 = time.perf_counter()
         sampled_drafts = draft_sampling != "greedy" and not params.greedy
