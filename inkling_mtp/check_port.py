@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 from inkling_ref.io.checkpoint import inspect_checkpoint
-from inkling_ref.port_check import DumpError, check_dump, load_head, read_dump
 
 from .argtypes import integer, number
 
@@ -23,6 +22,8 @@ FAILED = 3      # the exit status of a dump that does not pass
 
 def run(args) -> int:
     import torch
+
+    from inkling_ref.port_check import DumpError, check_dump, load_head, read_dump   # only this command needs it
 
     torch.set_num_threads(args.threads)
     dump = read_dump(args.dump)                                     # the dump first: its own errors come first
