@@ -113,6 +113,9 @@ def render(res: dict, path: Path) -> None:
         checks.append((B, fixed["k"], fixed["ms"] / auto["ms"], plain / auto["ms"]))
     L += ["", "| batch | best fixed k | auto / best fixed (speed) | auto / k = 0 (speed) |", "|---:|---:|---:|---:|"]
     L += [f"| {B} | {k} | {a:.3f}x | {p:.2f}x |" for B, k, a, p in checks]
+    missed = [B for B, _, a, p in checks if a < 0.97 or p < 1.0]
+    L += ["", "Targets (auto >= 0.97x the best fixed k and >= 1.0x k = 0 at every batch): " +
+          ("met." if not missed else f"missed at batch {', '.join(map(str, missed))}.")]
     w = res["serving_workload"]
     L += ["", f"Serving: {w['requests']} requests at once to max_batch_size {w['max_batch_size']}, prompts "
           f"{w['prompt_lengths'][0]}..{w['prompt_lengths'][1]} tokens, outputs {w['output_lengths'][0]}.."
@@ -123,6 +126,12 @@ def render(res: dict, path: Path) -> None:
         used = ", ".join(f"{k} x {n}" for k, n in r["k_used"].items()) if r["k"] == "auto" else ""
         L.append(f"| {r['k']} | {r['output_tokens_per_s']:.0f} | {r['output_tokens_per_s'] / base:.2f}x | "
                  f"{r['acceptance_length']:.2f} | {used} |")
+    fixed = max((r for r in res["serving"] if r["k"] != "auto"), key=lambda r: r["output_tokens_per_s"])
+    auto = next(r for r in res["serving"] if r["k"] == "auto")
+    ratio = auto["output_tokens_per_s"] / fixed["output_tokens_per_s"]
+    L += ["", f"Serving target (auto >= 1.05x the best fixed k, here k = {fixed['k']}): {ratio:.2f}x, "
+          f"{'met' if ratio >= 1.05 else 'missed'}."]
+    L += [""] + [f"{note}" for note in res.get("notes", [])]
     path.write_text("\n".join(L) + "\n")
 
 
