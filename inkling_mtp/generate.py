@@ -135,6 +135,19 @@ def report(result, k: int, engine: str, dtype: str, setup=None) -> str:
     return "\n".join(lines)
 
 
+SIZE_BUCKET = 64      # prefill chunk and the unit max_seq_len is rounded up to
+
+
+def fast_engine_sizes(prompt_len: int, max_new_tokens: int, model_max: int) -> dict:
+    """The fast engine's sizes for one request: max_seq_len rounded up to a multiple of SIZE_BUCKET
+    (within the model's maximum), and prefill passes of one chunk length. Prompts of other lengths
+    then run the same prefill pass shape over caches of the same layout, so a new prompt on a warm
+    Triton cache finds its kernels built (a kernel is built per shape class of its arguments)."""
+    need = prompt_len + max_new_tokens
+    return dict(max_seq_len=max(2, min(-(-need // SIZE_BUCKET) * SIZE_BUCKET, model_max)),
+                prefill_tokens=SIZE_BUCKET, prefill_lengths=[SIZE_BUCKET])
+
+
 def auto_report(s, cycles) -> list[str]:
     """The statistics of a --k auto run: which k ran how often, and the acceptance of each."""
     used = ", ".join(f"{k} x {n}" for k, n in s.k_used.items())
@@ -173,9 +186,8 @@ def run(args) -> int:
     if engine == "fast":
         from inkling_fast import Engine  # imported only here: a CPU-only install has no Triton
 
-        max_seq_len = max(2, min(len(prompt) + args.max_new_tokens, model.config.max_position_embeddings))
-        fast = Engine(model, max_batch_size=1, max_seq_len=max_seq_len, num_speculative_tokens=loaded,
-                      dtype=getattr(torch, args.dtype))
+        fast = Engine(model, max_batch_size=1, num_speculative_tokens=loaded, dtype=getattr(torch, args.dtype),
+                      **fast_engine_sizes(len(prompt), args.max_new_tokens, model.config.max_position_embeddings))
         setup = fast.warmup(prompt, **options)      # compile + capture for exactly this request's shapes
         result = fast.generate(prompt, **options)
     else:

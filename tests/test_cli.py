@@ -130,3 +130,16 @@ def test_engine_fast_prints_the_reference_continuation(ckpt, capsys):
     # setup (kernels built, graphs captured by a first run of the same request) is reported apart
     setup = next(line for line in err.splitlines() if line.startswith("--- setup "))
     assert "graphs captured: 2" in setup and "kernels compiled: " in setup, setup
+
+
+def test_the_fast_engine_sizes_of_two_prompts_share_their_shapes():
+    """Prompts of 9 and 20 tokens get one max_seq_len and one prefill pass shape, so the second finds the
+    first's kernels in Triton's cache; the model's maximum length still bounds max_seq_len."""
+    from inkling_fast.prefill_plan import plan_prefill_pass
+    from inkling_mtp.generate import fast_engine_sizes
+    a, b = fast_engine_sizes(9, 64, 512), fast_engine_sizes(20, 64, 512)
+    assert a == b and a["max_seq_len"] >= 20 + 64
+    assert plan_prefill_pass([9], a["prefill_lengths"], [1], a["prefill_tokens"]) == \
+        plan_prefill_pass([20], b["prefill_lengths"], [1], b["prefill_tokens"])
+    assert fast_engine_sizes(500, 64, 512)["max_seq_len"] == 512
+
