@@ -16,15 +16,8 @@ import torch
 from inkling_fast import Engine, device_steps
 from inkling_ref import NonFiniteError
 
-from test_engine import DEVICE, agreeable_model, engine_config
+from test_engine import DEVICE, agreeable_model, engine_config, one_thread  # noqa: F401 (its autouse fixture: one CPU thread)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

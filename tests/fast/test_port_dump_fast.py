@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_engine import one_thread  # noqa: F401 (its autouse fixture: one CPU thread)
 
 import inkling_ref
 from inkling_fast import Engine
@@ -23,13 +24,6 @@ from inkling_ref.port_check import check_dump, load_head, read_dump
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def tiny_config() -> InklingConfig:
