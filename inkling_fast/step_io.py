@@ -93,7 +93,6 @@ class CycleColumns:
         self.a, self.b, self.drafts = 0, 1, 2
         self.k_eff, self.emitted, self.eos, self.done, self.live = k + 2, k + 3, k + 4, k + 5, k + 6
         self.nonfinite = k + 7
-        self.width = k + 8
 
 
 class NonFinite:
