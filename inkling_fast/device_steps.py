@@ -41,7 +41,7 @@ from inkling_ref.decoding.sampling import SamplingParams
 
 from . import forward
 from .caches import LayerCache, SlotState
-from .kernels.accept import greedy_accept
+from .kernels.accept import first_nonfinite_torch, greedy_accept
 from .kernels.rejection import rejection_sample
 from .kernels.sampling import sample_tokens, sampling_probs
 from .kernels.uniforms import philox_uniforms
@@ -59,11 +59,6 @@ def rows_not_finite(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     Positions that are not valid (padding, pos = -1) compute on nothing and may hold anything."""
     bad = ~torch.isfinite(x).flatten(2).all(dim=2)
     return (bad & valid).any(dim=1)
-
-
-def mark(flag: torch.Tensor, bad: torch.Tensor, code: int) -> None:
-    """flag[b] = code where bad[b] and no earlier step of the row was flagged (in place: graph-safe)."""
-    flag.copy_(torch.where((flag == NonFinite.NONE) & bad, code, flag))
 
 
 class DeviceSteps:
@@ -105,16 +100,15 @@ class DeviceSteps:
         s = batch.slot.long()
         return s, torch.where(batch.live, self.state.n[s], 0)
 
-    def draft(self, batch: Batch, dec: Decoding, handed_on: list | None = None,
-              nonfinite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def draft(self, batch: Batch, dec: Decoding) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Depths 0..k-1 over the window [n-2-k, n-2]; d_{m+1} is written at tokens[n+m].
-        Returns (drafts int64 [B, k], q [B, k, V] float64: the draft distributions, or None for greedy drafts).
-        handed_on (optional): gets depth m's output row at n-2, [B, H], for m = 0..k-1 (`nonfinite_code`).
-        nonfinite (int64 [B], optional): marked NonFinite.DRAFT + m (`mark`) for a row whose sampled draft
-        comes from non-finite probabilities (sampled drafts only)."""
+        Returns (drafts int64 [B, k], q [B, k, V] float64: the draft distributions, or None for greedy
+        drafts, scores float32 [k, B]: per draft the maximum logit (greedy) or the sum of its
+        probabilities (sampled), NaN or infinite where depth m's output row was: `accept` checks them)."""
         st, (s, n), k = self.state, self._lengths(batch), dec.k
+        scores = torch.empty(k, len(s), dtype=torch.float32, device=s.device)
         if k == 0:                                                               # plain decoding: no drafts
-            return st.tokens.new_zeros(len(s), 0), None
+            return st.tokens.new_zeros(len(s), 0), None, scores
         p = n[:, None] - 2 - k + torch.arange(k + 1, device=n.device)            # window positions [B, T]
         pos = torch.where(batch.live[:, None] & (p >= 0), p, -1).int()
         h = st.hidden[s[:, None], p.clamp(min=0)]                               # H_p, depth 0's input
@@ -123,19 +117,16 @@ class DeviceSteps:
             ids = st.tokens[s[:, None], (p + m + 1).clamp(min=0)]               # slot p+m+1: x or an earlier draft
             h = forward.depth_forward(self.W, m, self.depth_caches[m], h, ids, batch.slot, pos)
             last = h[:, -1]                                                      # row p = n-2
-            if handed_on is not None:
-                handed_on.append(last)
             if dec.sampled_drafts:
                 q_m = probs(forward.logits(self.W, last), dec.draft_params)      # [B, V]
                 d = sample_tokens(q_m, batch.uniforms[:, m])
                 q.append(q_m)
-                if nonfinite is not None:
-                    mark(nonfinite, ~torch.isfinite(q_m.sum(dim=1)) & batch.live, NonFinite.DRAFT + m)
+                scores[m] = q_m.sum(dim=1)
             else:
-                d = forward.greedy_tokens(self.W, last)
+                d = forward.greedy_tokens(self.W, last, scores_out=scores[m])
             st.tokens.index_put_((s, n + m), d)                                  # d_{m+1} at position n+m
             drafts.append(d)
-        return torch.stack(drafts, dim=1), (torch.stack(q, dim=1) if q else None)
+        return torch.stack(drafts, dim=1), (torch.stack(q, dim=1) if q else None), scores
 
     def verify(self, batch: Batch, dec: Decoding) -> tuple[torch.Tensor, torch.Tensor]:
         """The trunk over [x_{n-1}, d_1, .., d_k] at positions n-1 .. n-1+k (rows beyond k_eff are padding);
@@ -151,24 +142,24 @@ class DeviceSteps:
         return hidden, k_eff
 
     def accept(self, batch: Batch, dec: Decoding, drafts: torch.Tensor, q: torch.Tensor | None,
-               hidden: torch.Tensor, k_eff: torch.Tensor, nonfinite: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Accepted count a (<= k_eff) and the next token b (correction or bonus), per sequence.
-        nonfinite (optional): marked NonFinite.VERIFY for a row whose target probabilities (sampling only)
-        hold a NaN or an infinity at a row t <= k_eff (its hidden states: `nonfinite_code`)."""
+               draft_scores: torch.Tensor, hidden: torch.Tensor, k_eff: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Accepted count a (<= k_eff) and the next token b (correction or bonus), per sequence, and the
+        row's NonFinite code: 1 + the first draft (depth m) or verify row t <= k_eff whose score (maximum
+        logit, or sum of probabilities) is NaN or infinite, 0 if none (greedy_accept's first_bad: the
+        greedy path checks it inside the accept kernel, without a launch of its own)."""
         B, T, H = hidden.shape
         k = dec.k
         if dec.greedy:
-            target = forward.greedy_tokens(self.W, hidden.view(B * T, H)).view(B, T)
-            a, nxt, _ = greedy_accept(drafts, target, k_eff)
+            target_scores = torch.empty(B, T, dtype=torch.float32, device=hidden.device)
+            target = forward.greedy_tokens(self.W, hidden.view(B * T, H), scores_out=target_scores.view(B * T))
+            a, nxt, _, bad = greedy_accept(drafts, target.view(B, T), k_eff, scores=(draft_scores, target_scores))
         else:
             p = probs(forward.logits(self.W, hidden), dec.params)                # [B, T, V] float64
-            if nonfinite is not None:
-                valid = batch.live[:, None] & (torch.arange(T, device=hidden.device) <= k_eff[:, None])
-                mark(nonfinite, rows_not_finite(p, valid), NonFinite.VERIFY)
+            bad = first_nonfinite_torch(draft_scores, p.sum(dim=2).float(), k_eff)
             u = batch.uniforms
             a, nxt, _ = rejection_sample(p, q, drafts, u[:, k:2 * k], u[:, 2 * k], k_eff)
-        return a.long(), nxt
+        return a.long(), nxt, bad.long()
 
     def commit(self, batch: Batch, a: torch.Tensor, nxt: torch.Tensor) -> None:
         """tokens[n+a] = b, n <- n + a + 1 (padding rows: only the scratch slot's tokens change)."""
@@ -186,35 +177,11 @@ class DeviceSteps:
         s, n = self._lengths(batch)
         if not dec.greedy:
             self._draw_uniforms(batch, dec, s, n)
-        sampled, handed = not dec.greedy, []
-        flag = torch.zeros(len(s), dtype=torch.int64, device=s.device) if sampled else None
-        drafts, q = self.draft(batch, dec, handed, flag)
+        drafts, q, draft_scores = self.draft(batch, dec)
         hidden, k_eff = self.verify(batch, dec)
-        a, nxt = self.accept(batch, dec, drafts, q, hidden, k_eff, flag)
+        a, nxt, nonfinite = self.accept(batch, dec, drafts, q, draft_scores, hidden, k_eff)
         self.commit(batch, a, nxt)
-        nonfinite = self.nonfinite_code(batch, handed, hidden, k_eff)
-        if sampled:                                  # the earlier of the two checks' steps (drafts, then verify)
-            def order(c):
-                return torch.where(c >= NonFinite.DRAFT, c - NonFinite.DRAFT, torch.where(c == NonFinite.VERIFY, 1 << 20,
-                                                                                          1 << 21))
-            nonfinite = torch.where(order(flag) < order(nonfinite), flag, nonfinite)
         return self._outcome(batch, s, n, drafts, a, nxt, k_eff, nonfinite)
-
-    def nonfinite_code(self, batch: Batch, handed: list[torch.Tensor], hidden: torch.Tensor,
-                       k_eff: torch.Tensor) -> torch.Tensor:
-        """int64 [B]: NonFinite code of the first step of each row whose output holds a NaN or an infinity
-        (NONE: none): draft depth m (its output row at n-2, which makes the draft; a non-finite value at an
-        earlier window row reaches it through attention), then the verify (rows t <= k_eff). One check for
-        the whole cycle, over one sum per row and step: a NaN or an infinity anywhere in a row survives
-        its sum, and finite hidden states are far too small for a float32 sum of H of them to overflow."""
-        B, T, _ = hidden.shape
-        k = len(handed)
-        rows = torch.cat([torch.stack(handed, dim=1), hidden], dim=1) if handed else hidden    # [B, k + T, H]
-        t = torch.arange(k + T, device=hidden.device)
-        bad = ~torch.isfinite(rows.sum(dim=-1, dtype=torch.float32)) & batch.live[:, None] & (t - k <= k_eff[:, None])
-        first = bad.int().argmax(dim=1)
-        return torch.where(bad.any(dim=1), torch.where(first < k, NonFinite.DRAFT + first, NonFinite.VERIFY),
-                           NonFinite.NONE)
 
     def cycle_rows(self, rows: torch.Tensor, dec: Decoding) -> torch.Tensor:
         """`cycle` of the batch whose row b runs the sequence in slot rows[b] (int32 [B]; -1: a padding row)."""

@@ -101,11 +101,12 @@ def depth_forward(W: ModelWeights, m: int, cache: LayerCache, h_prev: torch.Tens
     return rms_norm(y, W.chain_norm, W.eps) if W.chain_norm is not None else y
 
 
-def greedy_tokens(W: ModelWeights, h: torch.Tensor) -> torch.Tensor:
+def greedy_tokens(W: ModelWeights, h: torch.Tensor, scores_out: torch.Tensor | None = None) -> torch.Tensor:
     """h: [N, H] -> argmax over the unpadded vocabulary of h @ W_unembed^T (float32 dot products, ties to the
-    lowest id): int64 [N]. `lm_head_argmax` for N < MANY_ROWS, `lm_head_rows` (the same contract) from there."""
+    lowest id): int64 [N]. `lm_head_argmax` for N < MANY_ROWS, `lm_head_rows` (the same contract) from there.
+    scores_out (float32 [N], optional) gets the maximum logit of each row: NaN or infinite where h is."""
     head = lm_head_rows if h.shape[0] >= MANY_ROWS else lm_head_argmax
-    return head(h.contiguous(), W.unembed, W.vocab_out, W.mup)[0]
+    return head(h.contiguous(), W.unembed, W.vocab_out, W.mup, vals_out=scores_out)[0]
 
 
 def logits(W: ModelWeights, h: torch.Tensor) -> torch.Tensor:

@@ -296,7 +296,7 @@ class Scheduler:
         elif isinstance(step.key, PrefillKey):
             for row in rows[: len(step.seqs)]:
                 if row[PASS_RESULT.nonfinite]:
-                    raise NonFiniteError(non_finite_message(NonFinite.step(row[PASS_RESULT.nonfinite])))
+                    raise NonFiniteError(non_finite_message("prefill"))
             for seq, row, last in zip(step.seqs, rows, step.last):
                 if last:
                     seq.out.append(row[PASS_RESULT.first])
@@ -308,7 +308,7 @@ class Scheduler:
             c, counted = CycleColumns(k), []
             for row in rows[: len(step.seqs)]:
                 if row[c.live] and row[c.nonfinite]:
-                    raise NonFiniteError(non_finite_message(NonFinite.step(row[c.nonfinite])))
+                    raise NonFiniteError(non_finite_message(NonFinite.cycle_step(row[c.nonfinite], k)))
             for seq, row in zip(step.seqs, rows):
                 if row[c.live]:                       # else: finished in an earlier cycle, a padding row here
                     record = CycleRecord.of_cycle(k, row[c.drafts: c.drafts + row[c.k_eff]], row[c.a], row[c.b],

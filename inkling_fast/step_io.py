@@ -87,7 +87,7 @@ class CycleColumns:
     tokens emitted (a+1, or up to and including an EOS), whether an EOS was emitted, whether the
     sequence is done after the cycle, whether the row ran live (0: padding or an already finished
     sequence; nothing to book), and `nonfinite`: the NonFinite code of the first step of the row that
-    produced a NaN or an infinity (0: none; then nothing else in the row may be trusted)."""
+    produced a NaN or an infinity (0: none; else nothing else in the row may be trusted)."""
 
     def __init__(self, k: int):
         self.a, self.b, self.drafts = 0, 1, 2
@@ -96,20 +96,19 @@ class CycleColumns:
 
 
 class NonFinite:
-    """Codes of the `nonfinite` result column: which step of a row first produced a non-finite value in
-    the hidden states it hands on (or the probabilities it samples from). The device steps compute it
-    from tensors they already hold (a reduction over the rows' valid positions, no host sync), and the
-    scheduler raises when it books a row that carries one."""
-    NONE, PREFILL, VERIFY, DRAFT = 0, 1, 2, 3     # DRAFT + m: MTP depth m of a cycle's draft
+    """Codes of the `nonfinite` result columns: which step of a row first produced a NaN or an infinity.
+    Cycle rows (CycleColumns): 0 none; 1 + j for the j-th of the row's checked scores in step order,
+    draft depth j for j < k, then the verify (greedy_accept's `first_bad`: the maximum logit behind each
+    draft and target, or the sum of the probabilities sampled from, is NaN or infinite exactly when the
+    row it was read from is). Prefill pass rows (PassResult): 0 none, PREFILL. The device steps compute
+    them from values they already hold (no host sync), and the scheduler raises when it books a row
+    that carries one."""
+    NONE, PREFILL = 0, 1
 
-    @classmethod
-    def step(cls, code: int) -> str:
-        """The step a code names, in the reference's words (inkling_ref.decoding.speculative)."""
-        if code == cls.PREFILL:
-            return "prefill"
-        if code == cls.VERIFY:
-            return "verify"
-        return f"draft (MTP depth {code - cls.DRAFT})"
+    @staticmethod
+    def cycle_step(code: int, k: int) -> str:
+        """The step a cycle row's code names, in the reference's words (inkling_ref.decoding.speculative)."""
+        return f"draft (MTP depth {code - 1})" if code - 1 < k else "verify"
 
 
 class PassColumns(NamedTuple):

@@ -41,7 +41,8 @@ def test_twin_matches_reference(K):
     g = torch.Generator().manual_seed(K)
     logits, target, drafts, k_eff = make_case(13, K, 50, g)
     for ke in (k_eff, None):
-        a, nxt, emitted = greedy_accept_torch(drafts, target, ke)
+        a, nxt, emitted, bad = greedy_accept_torch(drafts, target, ke)
+        assert not bad.any()
         ref = reference(logits, drafts, ke if ke is not None else torch.full((13,), K))
         assert a.tolist() == [r[0] for r in ref]
         assert nxt.tolist() == [r[1] for r in ref]
@@ -70,13 +71,57 @@ def test_scripted_outcomes(device):
     target = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8]], device=device)
     drafts = torch.tensor([[5, 6, 7], [9, 6, 7], [5, 6, 9], [5, 6, 7]], device=device)
     k_eff = torch.tensor([3, 3, 3, 1], device=device)
-    a, nxt, emitted = greedy_accept(drafts, target, k_eff)
+    a, nxt, emitted, _ = greedy_accept(drafts, target, k_eff)
     assert a.tolist() == [3, 0, 2, 1]
     assert nxt.tolist() == [8, 5, 7, 6]
     assert emitted.tolist() == [[5, 6, 7, 8], [5, -1, -1, -1], [5, 6, 7, -1], [5, 6, -1, -1]]
     # k_eff out of 0..K is clamped
-    a, nxt, _ = greedy_accept(drafts, target, torch.tensor([7, -2, 3, 3], device=device))
+    a, nxt, _, _ = greedy_accept(drafts, target, torch.tensor([7, -2, 3, 3], device=device))
     assert a.tolist() == [3, 0, 2, 3] and nxt.tolist() == [8, 5, 7, 8]
+
+
+def scored_case(B: int, K: int, gen: torch.Generator):
+    """Random finite scores [K, B] and [B, K+1] with NaN, +inf or -inf planted in some rows (several per row
+    in some, some beyond k_eff, where they must not count), and the expected first_bad computed by a loop."""
+    ds = torch.randn(K, B, generator=gen)
+    ts = torch.randn(B, K + 1, generator=gen)
+    k_eff = torch.randint(0, K + 1, (B,), generator=gen)
+    bad_values = (float("nan"), float("inf"), float("-inf"))
+    for b in range(B):
+        for _ in range(b % 3):                                   # 0, 1 or 2 plants per row
+            j = int(torch.randint(0, 2 * K + 1, (), generator=gen))
+            v = bad_values[(b + j) % 3]
+            if j < K:
+                ds[j, b] = v
+            else:
+                ts[b, j - K] = v
+    want = []
+    for b in range(B):
+        seq = [ds[j, b] for j in range(K)] + [ts[b, t] for t in range(int(k_eff[b]) + 1)]
+        first = next((i for i, x in enumerate(seq) if not torch.isfinite(x)), None)
+        want.append(0 if first is None else first + 1)
+    return ds, ts, k_eff, want
+
+
+@pytest.mark.parametrize("K", [0, 1, 3, 7])
+def test_first_bad_names_the_first_nonfinite_score(device, K):
+    """first_bad = 1 + the first NaN/inf in draft-then-verify order (verify rows only up to k_eff), 0 when
+    all are finite: kernel (poisoned output) and twin against a plain loop; a, next and emitted unchanged."""
+    g = torch.Generator().manual_seed(200 + K)
+    logits, target, drafts, _ = make_case(29, K, 50, g)
+    ds, ts, k_eff, want = scored_case(29, K, g)
+    assert any(w == 0 for w in want) and (K == 0 or any(w > 0 for w in want))
+    bad_t = greedy_accept_torch(drafts, target, k_eff, scores=(ds, ts))[3]
+    assert bad_t.tolist() == want
+    to = dict(device=device)
+    out = poison(torch.empty(29, dtype=torch.int32, **to))
+    got = greedy_accept(drafts.to(**to), target.to(**to), k_eff.to(**to), scores=(ds.to(**to), ts.to(**to)),
+                        first_bad_out=out)
+    assert got[3] is out and out.cpu().tolist() == want
+    plain = greedy_accept(drafts.to(**to), target.to(**to), k_eff.to(**to))
+    for x, y in zip(got[:3], plain[:3]):
+        assert torch.equal(x.cpu(), y.cpu())
+    assert not plain[3].cpu().any()
 
 
 def test_errors_name_the_argument(device):
@@ -92,6 +137,11 @@ def test_errors_name_the_argument(device):
         greedy_accept(d, t, torch.zeros(4, dtype=torch.int64, device=device))
     with pytest.raises(ValueError, match="contiguous"):
         greedy_accept(torch.zeros(4, 3, dtype=torch.int64, device=device).T, t)
+    with pytest.raises(ValueError, match="draft_scores has shape"):
+        greedy_accept(d, t, scores=(torch.zeros(3, 4, device=device), torch.zeros(3, 5, device=device)))
+    with pytest.raises(ValueError, match="target_scores has dtype"):
+        greedy_accept(d, t, scores=(torch.zeros(4, 3, device=device), torch.zeros(3, 5, dtype=torch.float64,
+                                                                                  device=device)))
     with pytest.raises(ValueError, match=r"out\[emitted\]"):
         greedy_accept(d, t, out=(torch.empty(3, dtype=torch.int32, device=device),
                                  torch.empty(3, dtype=torch.int64, device=device),

@@ -1,7 +1,7 @@
-"""The fast engine stops at the first NaN or infinity, naming the step, with no extra host sync: each
-device step reduces `isfinite` over the hidden states it already holds (trunk and depth rows at valid
-positions, the probabilities it samples from) into the result row's `nonfinite` column, and the
-scheduler raises `NonFiniteError` when it books that row.
+"""The fast engine stops at the first NaN or infinity, naming the step, with no extra host sync: a cycle
+checks the maximum logit behind each greedy draft and target (the sum of the probabilities it samples
+from, when sampling) inside its accept step, a prefill pass its hidden states at valid positions, into
+the result row's `nonfinite` column, and the scheduler raises `NonFiniteError` when it books that row.
 
 A NaN is injected into one step's output (one MTP depth's hidden states, the verify's, the prefill's)
 by wrapping the forward function the device steps call; every such injection must be caught and named,
@@ -52,8 +52,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("step,sampling", [(step, {}) for step in CASES] + [("draft (MTP depth 1)", SAMPLED)],
-                         ids=[f"{step}-greedy" for step in CASES] + ["draft (MTP depth 1)-sampled"])
+@pytest.mark.parametrize("step,sampling", [(step, {}) for step in CASES] + [(step, SAMPLED) for step in CASES],
+                         ids=[f"{step}-greedy" for step in CASES] + [f"{step}-sampled" for step in CASES])
 def test_a_nan_in_any_step_stops_generate_naming_it(engine, monkeypatch, step, sampling):
     name, when = CASES[step]
     inject(monkeypatch, name, when)

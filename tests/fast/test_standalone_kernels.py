@@ -366,8 +366,12 @@ def check_accept(k):
                    _poison(torch.empty(B, K + 1, dtype=torch.int64)))
             got = k.greedy_accept(drafts.to(dt), target.to(dt), None if ke is None else ke.to(dt), out=out)
             assert all(x is y for x, y in zip(got, out))
-            for x, y, name in zip(got, k.greedy_accept_torch(drafts, target, ke), ("a", "next", "emitted")):
+            for x, y, name in zip(got, k.greedy_accept_torch(drafts, target, ke), ("a", "next", "emitted", "bad")):
                 assert torch.equal(x, y), name
+    scores = (_randn(g, K, B), _randn(g, B, K + 1))
+    scores[0][1, 2], scores[1][4, 0], scores[1][5, 3] = float("nan"), float("inf"), float("-inf")
+    bad = k.greedy_accept(drafts, target, k_eff, scores=scores)[3]
+    assert torch.equal(bad, k.greedy_accept_torch(drafts, target, k_eff, scores=scores)[3]) and bad[2] == 2
 
 
 def check_attention_decode(k):
