@@ -881,8 +881,10 @@ Decisions:
 - Every config key that changes what the model computes must be in config.json (docs/checkpoint.md lists
   every key, required or optional with its default); the config's layer and depth counts and its sizes
   are checked against the safetensors headers before anything is built from them.
-- Every pass of generate checks that its hidden states and logits are finite (the fast engine: on the
-  device, read with each step's result): a model that overflows stops with the step it overflowed in.
+- Every pass of generate checks that what it chooses tokens from is finite (the reference: hidden
+  states and logits; the fast engine, on the device: the largest logit of each row inside the greedy
+  accept kernel, the sums of the probabilities when sampling): a model that overflows stops with the
+  step it overflowed in.
 - A temperature down to the smallest positive double samples the greedy limit.
 - `convert` and `save_checkpoint` check every argument before they touch the destination, write beside
   it and swap the result in when complete, and never write into a non-empty directory that holds no
