@@ -238,11 +238,11 @@ def run_demo(res: dict) -> None:
             st = eng.state
             n0 = st.n.clone()
             if k > 0:
-                gd, (drafts, q) = capture(lambda: eng.steps.draft(batch, dec))
+                gd, (drafts, q, scores) = capture(lambda: eng.steps.draft(batch, dec))
             else:                                                        # plain decoding: no draft chain
-                gd, (drafts, q) = None, eng.steps.draft(batch, dec)
+                gd, (drafts, q, scores) = None, eng.steps.draft(batch, dec)
             gv, (hidden, k_eff) = capture(lambda: eng.steps.verify(batch, dec))
-            ga, _ = capture(lambda: eng.steps.accept(batch, dec, drafts, q, hidden, k_eff))
+            ga, _ = capture(lambda: eng.steps.accept(batch, dec, drafts, q, scores, hidden, k_eff))
 
             def whole():
                 out = eng.steps.cycle(batch, dec)
@@ -537,13 +537,7 @@ def prefill_split(eng, prompts: list[list[int]], k: int) -> dict:
 
 # ============================================================================ true-size MTP head
 def head_config():
-    if DRY:
-        return true_scale.inkling_small(hidden_size=64, num_heads=4, num_kv_heads=2, swa_num_heads=4,
-                                        swa_num_kv_heads=2, head_dim=16, swa_head_dim=16, sliding_window=16,
-                                        rel_extent=24, dense_intermediate_size=96, moe_intermediate_size=32,
-                                        n_routed_experts=16, num_experts_per_tok=3, vocab_size=300,
-                                        unpadded_vocab_size=290, d_rel=4)
-    return true_scale.inkling_small()
+    return true_scale.tiny_inkling_small() if DRY else true_scale.inkling_small()
 
 
 def run_head(res: dict) -> None:

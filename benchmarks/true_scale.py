@@ -35,6 +35,15 @@ def inkling_small(**changes) -> InklingConfig:
     return InklingConfig(**{**inkling_small_config(), **changes})
 
 
+def tiny_inkling_small() -> InklingConfig:
+    """Inkling-Small's structure (layer mix, depth kinds, routed + shared experts) at widths the Triton
+    interpreter runs on the CPU in seconds: the dry runs of the true-width scripts."""
+    return inkling_small(hidden_size=64, num_heads=4, num_kv_heads=2, swa_num_heads=4, swa_num_kv_heads=2,
+                         head_dim=16, swa_head_dim=16, sliding_window=16, rel_extent=24,
+                         dense_intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16,
+                         num_experts_per_tok=3, vocab_size=300, unpadded_vocab_size=290, d_rel=4)
+
+
 class _Draw:
     def __init__(self, device, dtype, seed: int):
         self.g = torch.Generator(device=device).manual_seed(seed)

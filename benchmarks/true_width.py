@@ -358,11 +358,11 @@ def cycle_split(eng: Engine, prompts, cfg, res: dict, budget: Budget, B: int, lm
         n0 = st.n.clone()
         gd = None
         if k > 0:
-            gd, (drafts, q) = capture(lambda: eng.steps.draft(batch, dec))
+            gd, (drafts, q, scores) = capture(lambda: eng.steps.draft(batch, dec))
         else:
-            drafts, q = eng.steps.draft(batch, dec)
+            drafts, q, scores = eng.steps.draft(batch, dec)
         gv, (hidden, k_eff) = capture(lambda: eng.steps.verify(batch, dec))
-        ga, _ = capture(lambda: eng.steps.accept(batch, dec, drafts, q, hidden, k_eff))
+        ga, _ = capture(lambda: eng.steps.accept(batch, dec, drafts, q, scores, hidden, k_eff))
 
         def whole():
             out = eng.steps.cycle(batch, dec)
@@ -372,7 +372,7 @@ def cycle_split(eng: Engine, prompts, cfg, res: dict, budget: Budget, B: int, lm
         gc, _ = capture(whole)
         d = replay_ms(gd, lambda: eng.steps.draft(batch, dec)) if k > 0 else 0.0
         v = replay_ms(gv, lambda: eng.steps.verify(batch, dec))
-        a = replay_ms(ga, lambda: eng.steps.accept(batch, dec, drafts, q, hidden, k_eff))
+        a = replay_ms(ga, lambda: eng.steps.accept(batch, dec, drafts, q, scores, hidden, k_eff))
         c = replay_ms(gc, whole)
         head = lm_head_ms(B * (k + 1))
         row = dict(batch=B, k=k, context=int(n0[0]), cycle_ms=c, draft_ms=d, verify_ms=v, accept_ms=a,

@@ -40,13 +40,7 @@ from inkling_ref.port_check.head_loader import head_shapes  # noqa: E402
 
 def config(tiny: bool):
     import true_scale
-    if tiny:
-        return true_scale.inkling_small(hidden_size=64, num_heads=4, num_kv_heads=2, swa_num_heads=4,
-                                        swa_num_kv_heads=2, head_dim=16, swa_head_dim=16, sliding_window=16,
-                                        rel_extent=24, dense_intermediate_size=96, moe_intermediate_size=32,
-                                        n_routed_experts=16, num_experts_per_tok=3, vocab_size=300,
-                                        unpadded_vocab_size=290, d_rel=4)
-    return true_scale.inkling_small()
+    return true_scale.tiny_inkling_small() if tiny else true_scale.inkling_small()
 
 
 def random_tensor(name: str, shape, g: torch.Generator, device) -> torch.Tensor:

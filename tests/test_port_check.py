@@ -236,6 +236,29 @@ def test_the_head_loader_reads_only_the_head(monkeypatch):
     assert len(mine) == len([n for n in dict(full.named_parameters()) if n.startswith("mtp.")]) + 4
 
 
+def test_the_head_loader_reads_files_that_hold_only_the_head(tmp_path):
+    """The demo's head tensors alone (the trunk's layers left out, as when only the MTP shard and the
+    shard with the embedding and unembedding are at hand): load_head reads them, equal to the full load,
+    and the full loader still refuses the files, naming the trunk layers they lack."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    full = inkling_ref.load_checkpoint(DEMO)
+    wanted = set(head_loader.head_shapes(full.config, full.config.num_mtp_depths))
+    (tmp_path / "config.json").write_text((DEMO / "config.json").read_text())
+    tensors = {}
+    for f in sorted(DEMO.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as s:
+            tensors.update({n: s.get_tensor(n) for n in s.keys() if n in wanted})
+    assert set(tensors) == wanted
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    head = load_head(tmp_path, num_depths=2)
+    ref = dict(full.named_parameters())
+    assert all(torch.equal(p, ref[n]) for n, p in head.named_parameters())
+    with pytest.raises(inkling_ref.CheckpointError, match="its files hold no trunk layer"):
+        inkling_ref.load_checkpoint(tmp_path)
+
+
 def test_the_command_line_exit_status(dumps, tmp_path, capsys):
     out = tmp_path / "report.json"
     assert main(["check-port", str(dumps[PITFALLS[0].mistake]), "--checkpoint", str(DEMO), "--json", str(out)]) == 0

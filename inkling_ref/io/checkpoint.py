@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from torch import nn
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
@@ -161,17 +160,10 @@ def _listing(title: str, items: list[str]) -> str:
 
 
 def meta_model(config: InklingConfig, num_mtp_depths: int) -> InklingModel:
-    """The model's modules with parameters on the meta device (shapes, no storage) and no initializer
-    run: the loader assigns every parameter afterwards. (On a meta tensor `nn.init.normal_` goes
-    through torch's reference implementation, whose first use imports torch._dynamo: seconds of start-up
-    for a random init that would be thrown away.)"""
-    normal_ = nn.init.normal_
-    nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
-    try:
-        with torch.device("meta"):
-            return InklingModel(config, num_mtp_depths=num_mtp_depths)
-    finally:
-        nn.init.normal_ = normal_
+    """The model's modules with parameters on the meta device (shapes, no storage): the loader assigns
+    every parameter afterwards."""
+    with torch.device("meta"):
+        return InklingModel(config, num_mtp_depths=num_mtp_depths)
 
 
 def expected_shapes(config: InklingConfig, num_mtp_depths: int) -> dict[str, tuple[int, ...]]:
@@ -219,15 +211,16 @@ def _indices_held(pattern: re.Pattern, infos: dict[str, TensorInfo]) -> int:
     return 1 + max(found) if found else 0
 
 
-def check_sizes(where, config: InklingConfig, infos: dict[str, TensorInfo]) -> int:
+def check_sizes(where, config: InklingConfig, infos: dict[str, TensorInfo], trunk: bool = True) -> int:
     """Check the config's counts and sizes against the safetensors headers before anything proportional to
     them is built: a config that declares more trunk layers than the files hold, or a size larger than
     every dimension of every tensor, does not describe these weights (one line naming the key); so does
     one that declares more MTP depths than the files hold tensors of, unless they hold none at all (a
-    trunk saved without its head). Returns how many MTP depths the files hold tensors of (1 + the largest
+    trunk saved without its head). trunk=False leaves the trunk layers out of the count (files that hold
+    only what the MTP head reads). Returns how many MTP depths the files hold tensors of (1 + the largest
     depth index)."""
     held = _indices_held(_TRUNK_LAYER, infos)
-    if config.num_layers > held:
+    if trunk and config.num_layers > held:
         hold = f"{held} trunk layers (model.llm.layers.0 .. {held - 1})" if held else "no trunk layer"
         raise CheckpointError(f"{where}: {field_label('num_layers')} = {config.num_layers}, but its files hold "
                               f"{hold}: config.json does not describe these weights")
@@ -248,9 +241,11 @@ def check_sizes(where, config: InklingConfig, infos: dict[str, TensorInfo]) -> i
     return depths
 
 
-def complete_mtp_depths(config: InklingConfig, infos: dict[str, TensorInfo], where="checkpoint") -> int:
-    """How many MTP depths the files hold: the first depths, up to the config's count, with every tensor."""
-    held = check_sizes(where, config, infos)
+def complete_mtp_depths(config: InklingConfig, infos: dict[str, TensorInfo], where="checkpoint",
+                        trunk: bool = True) -> int:
+    """How many MTP depths the files hold: the first depths, up to the config's count, with every tensor
+    (trunk: see check_sizes)."""
+    held = check_sizes(where, config, infos, trunk)
     depths = min(config.num_mtp_depths, held)
     full = expected_shapes(config, depths)
     complete = 0

@@ -24,7 +24,9 @@ class Trunk(nn.Module):
         super().__init__()
         self.config = config
         H = config.hidden_size
-        self.embed = nn.Embedding(config.vocab_size, H)
+        # zeros like every other parameter here (randomize_ or the loader assigns them); from_pretrained
+        # runs no initializer, so building on the meta device stays cheap
+        self.embed = nn.Embedding.from_pretrained(torch.zeros(config.vocab_size, H), freeze=False)
         self.embed_norm = RMSNorm(H, config.rms_norm_eps)
         self.layers = nn.ModuleList(
             InklingBlock(config, kind, mlp_type, apply_log_tau=config.log_scaling_n_floor is not None)

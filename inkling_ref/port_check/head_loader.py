@@ -12,7 +12,6 @@ that H is the post-final-norm hidden and to reproduce the mistake that applies i
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ class TrunkEnds(nn.Module):
         super().__init__()
         H = config.hidden_size
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, H)
+        self.embed = nn.Embedding.from_pretrained(torch.zeros(config.vocab_size, H), freeze=False)  # no init run
         self.embed_norm = RMSNorm(H, config.rms_norm_eps)
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.unembed = nn.Linear(H, config.vocab_size, bias=False)
@@ -59,21 +58,9 @@ class MTPHeadModel(nn.Module):
         return len(self.mtp)
 
 
-@contextlib.contextmanager
-def _no_init():
-    """Modules built on the meta device without running initializers (the loader assigns every tensor)."""
-    normal_ = nn.init.normal_
-    nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
-    try:
-        with torch.device("meta"):
-            yield
-    finally:
-        nn.init.normal_ = normal_
-
-
 def head_shapes(config: InklingConfig, num_depths: int) -> dict[str, tuple[int, ...]]:
     """Released name -> shape of every tensor the head reads."""
-    with _no_init():
+    with torch.device("meta"):
         head = MTPHeadModel(config, num_depths)
     return {names.to_released(n): tuple(p.shape) for n, p in head.named_parameters()}
 
@@ -88,7 +75,7 @@ def load_head(path, num_depths: int | None = None, dtype: torch.dtype = torch.fl
     config, _ = read_config(directory)
     files, weight_map = tensor_files(directory)
     infos = read_headers(directory, files, weight_map)
-    complete = complete_mtp_depths(config, infos)
+    complete = complete_mtp_depths(config, infos, f"checkpoint {directory}", trunk=False)  # trunk layers: unread
     k = complete if num_depths is None else num_depths
     if k < 1 or k > complete:
         raise CheckpointError(f"checkpoint {directory} has {complete} complete MTP depth(s) (config.json declares "
@@ -102,7 +89,7 @@ def load_head(path, num_depths: int | None = None, dtype: torch.dtype = torch.fl
     if wrong:
         raise CheckpointError(f"checkpoint {directory} does not match its config.json: {'; '.join(wrong)}")
 
-    with _no_init():
+    with torch.device("meta"):
         head = MTPHeadModel(config, k)
     state = {}
     for f in files:
