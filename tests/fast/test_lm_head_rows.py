@@ -76,10 +76,14 @@ def test_greedy_tokens_takes_either_path(device, monkeypatch, many):
     called = []
     for name in ("lm_head_argmax", "lm_head_rows"):
         real = getattr(forward, name)
-        monkeypatch.setattr(forward, name, lambda *a, _real=real, _name=name: called.append(_name) or _real(*a))
-    ids = forward.greedy_tokens(model, h)
+        monkeypatch.setattr(forward, name, lambda *a, _real=real, _name=name, **kw: called.append(_name) or
+                            _real(*a, **kw))
+    scores = torch.full((T,), float("nan"), device=device)               # poisoned: every row must be written
+    ids = forward.greedy_tokens(model, h, scores_out=scores)
     assert called == (["lm_head_rows"] if many == 0 else ["lm_head_argmax"])
     assert torch.equal(ids.cpu(), exact_argmax(h, W, V_out))
+    want = (h.double() @ W.double()[:V_out].T).amax(dim=1) / 3.0         # the maximum logit of each row
+    assert torch.allclose(scores.cpu().double(), want.cpu(), rtol=1e-6, atol=1e-6)
 
 
 def test_errors_name_the_argument(device):
