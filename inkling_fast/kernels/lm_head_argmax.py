@@ -71,7 +71,9 @@ def _lm_head_partial_kernel(h_ptr, w_ptr, pmax_ptr, pidx_ptr, T, H, V_out, n_gro
     tl.store(pidx_ptr + offs, idx, mask=ok)
 
 
-@triton.jit
+# ids and vals may be rows of a caller's larger buffer (one per draft depth), at any offset: one build
+# serves every alignment (the kernel stores one value per program, so alignment buys nothing)
+@triton.jit(do_not_specialize_on_alignment=["ids_ptr", "vals_ptr"])
 def _lm_head_reduce_kernel(pmax_ptr, pidx_ptr, ids_ptr, vals_ptr, n_groups, mup, BLOCK: tl.constexpr):
     t = tl.program_id(0)
     best = tl.full([], float("-inf"), tl.float32)
