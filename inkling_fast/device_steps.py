@@ -64,12 +64,23 @@ def rows_not_finite(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 class DeviceSteps:
     """The weights, the caches of the trunk and of every depth, the slots' state, and the steps that
     run on them. `reference_uniforms` [slots+1, draws] float64: each slot's copy of its sequence's
-    reference stream (uniforms="reference" only, else None)."""
+    reference stream (uniforms="reference" only, else None). `on_depth`: None, or a callable
+    (m, h_in, ids, slot, pos, out) that `depth` calls after every depth pass run eagerly (a replayed CUDA
+    graph calls no Python): how a port dump records the depths (inkling_mtp/fast_dump.py)."""
 
     def __init__(self, W: ModelWeights, trunk_caches: list[LayerCache], depth_caches: list[LayerCache],
                  state: SlotState, uniforms: str, reference_uniforms: torch.Tensor | None):
         self.W, self.trunk_caches, self.depth_caches, self.state = W, trunk_caches, depth_caches, state
         self.uniforms, self.reference_uniforms = uniforms, reference_uniforms
+        self.on_depth = None
+
+    def depth(self, m: int, h: torch.Tensor, ids: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
+              prefill: bool = False) -> torch.Tensor:
+        """Depth m over h [B, T, H] with its cache (forward.depth_forward), then `on_depth` if set."""
+        out = forward.depth_forward(self.W, m, self.depth_caches[m], h, ids, slot, pos, prefill=prefill)
+        if self.on_depth is not None:
+            self.on_depth(m, h, ids, slot, pos, out)
+        return out
 
     def run(self, key: StepKey, rows: torch.Tensor) -> torch.Tensor:
         """The step `key` on its device input `rows`: `cycle_rows`, `prefill_rows` or `catchup_rows`."""
@@ -115,7 +126,7 @@ class DeviceSteps:
         drafts, q = [], []
         for m in range(k):
             ids = st.tokens[s[:, None], (p + m + 1).clamp(min=0)]               # slot p+m+1: x or an earlier draft
-            h = forward.depth_forward(self.W, m, self.depth_caches[m], h, ids, batch.slot, pos)
+            h = self.depth(m, h, ids, batch.slot, pos)
             last = h[:, -1]                                                      # row p = n-2
             if dec.sampled_drafts:
                 q_m = probs(forward.logits(self.W, last), dec.draft_params)      # [B, V]
@@ -262,7 +273,7 @@ class DeviceSteps:
         h, width = hidden, st.tokens.shape[1]
         for m in range(k):
             tok = st.tokens[slot[:, None], (p[:, :T] + m + 1).clamp(max=width - 1)]   # x_{p+m+1}
-            h = forward.depth_forward(self.W, m, self.depth_caches[m], h, tok, slot32, d_pos, prefill=True)
+            h = self.depth(m, h, tok, slot32, d_pos, prefill=True)
             bad = bad | rows_not_finite(h, d_pos >= 0)
         h_last = hidden[torch.arange(B, device=dev), (length - 1).clamp(min=0)]  # H_{c0+l-1}
         counter = torch.zeros(B, dtype=torch.int64, device=dev)
@@ -303,5 +314,5 @@ class DeviceSteps:
         slot32 = slot.int()
         for m in range(dec.k):
             tok = st.tokens[slot[:, None], (p + m + 1).clamp(max=last)]         # x_{p+m+1}
-            h = forward.depth_forward(self.W, m, self.depth_caches[m], h, tok, slot32, pos, prefill=True)
+            h = self.depth(m, h, tok, slot32, pos, prefill=True)
         return count[:, None].clone()

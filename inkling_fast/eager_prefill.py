@@ -40,7 +40,7 @@ def prefill_one(steps: DeviceSteps, slot: int, prompt: list[int], dec: Decoding,
             h, d_pos = hidden[:, : d1 - c0], pos[:, : d1 - c0].contiguous()
             for m in range(k):
                 ids = st.tokens[slot, c0 + m + 1: d1 + m + 1][None]          # x_{p+m+1}
-                h = forward.depth_forward(W, m, steps.depth_caches[m], h, ids, slot_t, d_pos, prefill=True)
+                h = steps.depth(m, h, ids, slot_t, d_pos, prefill=True)
     last = hidden[0, -1:]                                                    # H_{L-1}
     if dec.greedy:
         first = forward.greedy_tokens(W, last)

@@ -95,6 +95,57 @@ def test_the_triton_check_catches_what_it_is_for(tmp_path):
         assert triton_internals(path, package="inkling_fast"), source
 
 
+def library_patches(path: Path) -> list[str]:
+    """Assignments to an attribute of an imported module or of a name imported from one
+    (`nn.init.normal_ = ...`, `torch.Tensor.foo = ...`, `setattr(triton, ...)`): patching a library."""
+    tree = ast.parse(path.read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            imported.update(a.asname or a.name for a in node.names)
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            root = target
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(target, ast.Attribute) and isinstance(root, ast.Name) and root.id in imported:
+                found.append(f"assigns {ast.unparse(target)}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
+                and node.args and isinstance(node.args[0], (ast.Name, ast.Attribute)):
+            root = node.args[0]
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in imported:
+                found.append(f"{node.func.id}({ast.unparse(node.args[0])}, ...)")
+    return found
+
+
+@pytest.mark.parametrize("package", ["inkling_ref", "inkling_fast", "inkling_mtp"])
+def test_no_package_patches_a_library(package):
+    bad = {str(p.relative_to(ROOT)): library_patches(p) for p in package_files(package)}
+    assert not {p: f for p, f in bad.items() if f}, bad
+
+
+def test_the_patch_check_catches_what_it_is_for(tmp_path):
+    """Mutation check of the check above: patching torch's initializer, a Triton class, or a module
+    through setattr is flagged; assigning to one's own objects is not."""
+    for source in ("from torch import nn\nnn.init.normal_ = lambda t, *a, **k: t\n",
+                   "import torch.nn as nn\nnn.Embedding.reset_parameters = None\n",
+                   "from triton.runtime.jit import KernelInterface\nKernelInterface.__getitem__ = None\n",
+                   "import triton\nsetattr(triton.runtime, 'x', 1)\n"):
+        path = tmp_path / "probe.py"
+        path.write_text(source)
+        assert library_patches(path), source
+    path = tmp_path / "own.py"
+    path.write_text("import torch\nclass A:\n    pass\na = A()\na.x = torch.zeros(1)\nself_like = a\nself_like.y = 1\n")
+    assert not library_patches(path)
+
+
 def test_the_engine_files_fit_one_sitting():
     """Every file of the engine (inkling_fast outside kernels/: the engine, its steps, scheduler, graphs,
     caches, forwards, weights) and of the command line stays under ENGINE_FILES_MAX_LINES lines. The cost
