@@ -24,8 +24,8 @@ class Trunk(nn.Module):
         super().__init__()
         self.config = config
         H = config.hidden_size
-        # zeros like every other parameter here (randomize_ or the loader assigns them); from_pretrained
-        # runs no initializer, so building on the meta device stays cheap
+        # starts at zeros (randomize_ or the loader assigns it): from_pretrained runs no initializer, so
+        # building the model on the meta device stays cheap (normal_ on a meta tensor imports torch._dynamo)
         self.embed = nn.Embedding.from_pretrained(torch.zeros(config.vocab_size, H), freeze=False)
         self.embed_norm = RMSNorm(H, config.rms_norm_eps)
         self.layers = nn.ModuleList(
