@@ -483,20 +483,17 @@ def kernel_profile(eng: Engine, cfg, B: int, cycle_graph, seen_blocks) -> dict:
 
 # ============================================================================ the model
 def costs_dict(res: dict) -> dict:
-    """This run's measurements in the layout inkling_fast.cost_model.Costs reads (engine.json's)."""
-    c = res["costs"]
+    """This run's measurements in the layout inkling_fast.cost_model.Costs reads (engine.json's), and a
+    note on the accept term where it is not this run's own."""
     acc = [r["accept_commit_ms"] for r in res.get("split", []) if r["k"] > 0]
-    note = None
     if not acc:
-        acc = [r["accept_commit_ms"] for r in json.loads(ENGINE_JSON.read_text())["demo"]["cycle_split"]]
-        note = "accept + commit from docs/benchmarks/engine.json's demo section (no cycle split in this run)"
-    acc_ms = statistics.median(acc)
-    if acc_ms < 0:
-        note = f"the median accept + commit came out negative ({acc_ms:.4f} ms): taken as 0"
-        acc_ms = 0.0
-    return dict(layers=dict(context=c["context"], rows=c["layers"] + c["lm_head"]),
-                mtp_head=dict(context=c["context"], depth_step=c["depth_step"]),
-                demo=dict(cycle_split=[dict(accept_commit_ms=acc_ms)]), accept_note=note)
+        demo = json.loads(ENGINE_JSON.read_text())["demo"]["cycle_split"]
+        acc_ms = statistics.median(r["accept_commit_ms"] for r in demo)
+        return dict(cost_model.true_width_inputs(res, acc_ms), accept_note="accept + commit from "
+                    "docs/benchmarks/engine.json's demo section (no cycle split in this run)")
+    note = None if statistics.median(acc) >= 0 else \
+        f"the median accept + commit came out negative ({statistics.median(acc):.4f} ms): taken as 0"
+    return dict(cost_model.true_width_inputs(res), accept_note=note)
 
 
 def per_position(curves: dict, k: int) -> list[float]:

@@ -342,6 +342,30 @@ class Costs:
         return sorted(t - 1 for t in Ts & set(self.depth_step.ys) if t >= 2)
 
 
+def true_width_inputs(run: dict, accept_commit_ms: float | None = None) -> dict:
+    """The model's inputs, in the layout `Costs` reads, from a run of benchmarks/true_width.py (its JSON):
+    the layer, LM-head and depth-step costs it measured on the slice's own weights and caches, and as the
+    accept term `accept_commit_ms`, or (None) the median accept + commit of its cycle split over k > 0
+    (a negative median, the noise of a difference of replays, counts as 0)."""
+    c = _get(run, "costs", "the true-width run")
+    if accept_commit_ms is None:
+        acc = [r["accept_commit_ms"] for r in run.get("split", []) if r["k"] > 0]
+        if not acc:
+            raise CostModelError("the true-width run has no cycle split at k > 0: pass accept_commit_ms")
+        accept_commit_ms = max(0.0, statistics.median(acc))
+    return dict(layers=dict(context=c["context"], rows=c["layers"] + c["lm_head"]),
+                mtp_head=dict(context=c["context"], depth_step=c["depth_step"]),
+                demo=dict(cycle_split=[dict(accept_commit_ms=accept_commit_ms)]))
+
+
+def true_width_slice(run: dict) -> dict:
+    """The layer mix of a true-width run's slice, as the model's `cfg`: num_layers, layer_types,
+    mlp_types, mtp_layer_types."""
+    layers = _get(run, "slice", "the true-width run")["layers"]
+    return dict(num_layers=len(layers), layer_types=[layer["attention"] for layer in layers],
+                mlp_types=[layer["mlp"] for layer in layers], mtp_layer_types=list(run["slice"]["depths"]))
+
+
 # ====================================================================== the true-scale cycle
 
 def t_verify(costs: Costs, cfg, batch: float, k: int) -> float:

@@ -343,3 +343,23 @@ def test_demo_validation_from_decode_rates_without_a_k0_cycle():
     del e["demo"]["end_to_end"][0]["decode_tokens_per_s"]
     with pytest.raises(ValueError, match="decode_tokens_per_s"):
         cm.demo_validation(e, CURVES)
+
+
+def test_true_width_inputs_rebuild_the_runs_model():
+    """The committed true-width run: the model rebuilt from its JSON through `true_width_inputs` and
+    `true_width_slice` gives, at every (batch, k), the cycle the benchmark stored when it ran; the
+    accept term is the median accept + commit of the split (k > 0), and a run without a split asks for
+    one."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    run = json.loads((Path(__file__).resolve().parents[1] / "docs/benchmarks/true_width.json").read_text())
+    costs, cfg = cm.Costs(cm.true_width_inputs(run)), cm.true_width_slice(run)
+    assert cfg["num_layers"] == len(cfg["layer_types"]) == len(cfg["mlp_types"]) == len(run["slice"]["layers"])
+    assert costs.accept_ms == max(0.0, statistics.median(r["accept_commit_ms"] for r in run["split"] if r["k"] > 0))
+    for row in run["model"]["rows"]:
+        assert cm.cycle_parts(costs, cfg, row["batch"], row["k"]) == pytest.approx(row["model"], rel=1e-12)
+    assert cm.Costs(cm.true_width_inputs(run, accept_commit_ms=0.25)).accept_ms == 0.25
+    with pytest.raises(cm.CostModelError, match="no cycle split"):
+        cm.true_width_inputs(dict(run, split=[]))
