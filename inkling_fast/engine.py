@@ -26,19 +26,20 @@ import time
 
 import torch
 
-from inkling_ref.decoding.adaptive import AdaptiveDepth, CycleCosts, DepthPolicy
+from inkling_ref.decoding.adaptive import AcceptanceCounts, AdaptiveDepth, CycleCosts, DepthPolicy
 from inkling_ref.decoding.generation import (AcceptanceStats, GenerationResult, Limits, normalize_prompts,
                                              sequence_seed, validate)
 from inkling_ref.decoding.sampling import SamplingParams
 
 from .caches import LayerCache, SlotState
+from .catchup import CATCHUP_LENGTHS
 from .device_steps import DeviceSteps
 from .eager_prefill import prefill_one
 from .graphs import StepRunner
 from .kernels.common import interpreting
 from .prefill_plan import default_prefill_lengths
 from .scheduler import Request, Scheduler, Sequence
-from .step_io import Batch, CycleKey, Decoding
+from .step_io import Batch, CatchupKey, CycleKey, Decoding
 from .warmup import SetupReport, warmup
 from .weights import load_weights
 
@@ -124,6 +125,7 @@ class Engine:
         self.request_times: list[tuple[float, float]] = []
         self.started_s = math.nan
         self.cycle_costs: dict[tuple, CycleCosts] = {}     # per (sampling params, draft sampling): measured
+        self.acceptance: dict[tuple, AcceptanceCounts] = {}   # the same keys: what auto requests saw
         self.policy: DepthPolicy | None = None             # the depth policy of the last generate, if any
 
     # the parts' state, read by tests, notebooks and benchmarks
@@ -164,8 +166,10 @@ class Engine:
         params = SamplingParams(temperature, top_k, top_p)
         policy = None
         if k == "auto":
-            costs = self.cycle_costs.setdefault((params, draft_sampling), CycleCosts())
-            policy = AdaptiveDepth(self.k, costs, seed=0 if seed is None else seed)
+            mode = (params, draft_sampling)
+            policy = AdaptiveDepth(self.k, self.cycle_costs.setdefault(mode, CycleCosts()),
+                                   acceptance=self.acceptance.setdefault(mode, AcceptanceCounts(self.k)),
+                                   seed=0 if seed is None else seed)
         elif isinstance(k, DepthPolicy):
             policy = k
         if policy is not None:
@@ -200,10 +204,11 @@ class Engine:
                                 elapsed_s=elapsed)
 
     def measure_cycle_costs(self, request: Request) -> None:
-        """The device time of a cycle at every k a policy may choose, at the batch sizes `request` can
-        run, timed on all-padding cycles (their graphs captured), where its cost table has none yet: what
-        AdaptiveDepth decides from before the request's own cycles are timed. On the CPU, nothing: the
-        interpreter's times say nothing about a GPU's, and the request's own cycles are timed."""
+        """The device time of a cycle at every k a policy may choose, and of a catch-up pass of each length
+        at every k >= 1, at the batch sizes `request` can run, timed on all-padding steps (their graphs
+        captured) where its cost table has none yet: what AdaptiveDepth decides from before the
+        request's own steps are timed, and no graph of theirs is captured inside the request. On the CPU,
+        nothing: the interpreter's times say nothing about a GPU's, and the request's own steps are timed."""
         if self.device.type != "cuda":
             return
         costs, dec = request.policy.costs, request.decoding
@@ -213,6 +218,9 @@ class Engine:
                 if (B, k) not in costs.cycles:
                     key = CycleKey(B, Decoding(k, dec.params, dec.draft_sampling))
                     costs.add(costs.cycles, (B, k), self.runner.time_padding(key))
+                for T in CATCHUP_LENGTHS if k else ():
+                    if (B, k, T) not in costs.catchup:
+                        costs.add(costs.catchup, (B, k, T), self.runner.time_padding(CatchupKey(B, T, Decoding(k))))
 
     def warmup(self, prompt_ids, **generate_kwargs) -> SetupReport:
         """Pay a request's setup up front: run `generate(prompt_ids, **generate_kwargs)` once and discard it,

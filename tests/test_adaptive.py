@@ -6,8 +6,9 @@ probability c_j given drafts 1..j-1 were. The controller sees only what an engin
 measured costs, the accepted counts of its own cycles) and must end up, at every batch size, on a k
 whose true rate is within 3 % of the best. Two broken controllers must fail the same check: one that
 ignores the batch size (it reads the costs of batch 1 everywhere), and one that never explores (it
-takes the posterior means instead of drawing from them, so positions it never reached keep their
-prior, which here underrates the true acceptance, and it stays below the best k).
+takes the posterior means under one flat prior instead of drawing from posteriors whose priors follow
+the position before, so positions it never reached keep a prior that here underrates the true
+acceptance, and it stays below the best k).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from configs import tiny_config
 from inkling_ref import generate, random_model
-from inkling_ref.decoding.adaptive import (AdaptiveDepth, CycleCosts, FixedDepth, ScriptedDepths,
+from inkling_ref.decoding.adaptive import (AcceptanceCounts, AdaptiveDepth, CycleCosts, FixedDepth, ScriptedDepths,
                                            acceptance_length, depth_policy)
 
 MAX_K = 8
@@ -87,7 +88,8 @@ class IgnoresBatch(AdaptiveDepth):
 
 class NeverExplores(AdaptiveDepth):
     def conditional(self, draw=True):
-        return super().conditional(draw=False)
+        p, w = self.PRIOR_MEAN, self.PRIOR_WEIGHT
+        return [(w * p + a) / (w + a + r) for a, r in zip(self.acceptance.accepted, self.acceptance.rejected)]
 
 
 def test_controller_finds_the_best_k_at_every_batch_size():
@@ -113,9 +115,9 @@ def test_a_switch_pays_its_catch_up_once():
     costs = CycleCosts()
     for k in range(5):
         costs.add(costs.cycles, (1, k), 1.0 + 0.1 * k)
-    costs.add(costs.catchup, (1, 4), 0.5)                    # 0.5 ms per row
+    costs.add(costs.catchup, (1, 4, 1), 0.5)                 # one row measured: 0.5 ms per row
     policy = AdaptiveDepth(4, costs, interval=8)
-    policy.accepted = [1e3] * 4                              # drafts all but certain: k = 4 is best
+    policy.acceptance.accepted = [1e3] * 4                   # drafts all but certain: k = 4 is best
     rows = {4: 40}                                          # 40 rows to catch up: 20 ms
     assert policy.rates(1, 1, 4, 1, policy.conditional(False), rows)[4] < \
         policy.rates(1, 1, 4, 1, policy.conditional(False), rows)[1]
@@ -133,7 +135,37 @@ def test_cost_estimates_follow_measurements():
     for _ in range(50):
         t.add(t.cycles, (4, 0), 3.0)                          # a running mean that follows new measurements
     assert t.cycle_ms(4, 0) == pytest.approx(3.0, abs=1e-3)
-    assert t.catchup_ms(4, 2, 6) == pytest.approx((4.0 - 3.0) / 3 * 6, rel=1e-3)
+    assert t.catchup_ms(4, 2, 6) == pytest.approx((4.0 - 3.0) / 3 * 6, rel=1e-3)   # none measured: the draft part
+    t.add(t.catchup, (4, 2, 8), 0.5)                          # measured passes: a fixed part and a part per row
+    t.add(t.catchup, (4, 2, 128), 2.0)
+    assert t.catchup_ms(4, 2, 68) == pytest.approx(1.25) and t.catchup_ms(4, 2, 1) == pytest.approx(0.5)
+    assert t.catchup_ms(4, 3, 6) == pytest.approx((t.cycle_ms(4, 3) - t.cycle_ms(4, 0)) / 4 * 6)   # at k = 3: none
+
+
+def test_an_unseen_position_is_expected_to_accept_like_the_one_before():
+    """The posterior mean of a position never reached is that of the position before; a reached one
+    follows its own counts; the counts fade to `memory` observations and can be shared between policies."""
+    acc = AcceptanceCounts(4, memory=50)
+    policy = AdaptiveDepth(4, acceptance=acc)
+    assert policy.conditional(draw=False) == pytest.approx([0.8] * 4)
+    policy.observe(2, [2] * 95 + [0] * 5)                    # positions 1 and 2 accepted 95 %, 100 %
+    c = policy.conditional(draw=False)
+    assert c[0] == pytest.approx((4 + 47.5) / (5 + 50)) and c[1] > c[0]
+    assert c[2] == pytest.approx(c[1]) and c[3] == pytest.approx(c[1])
+    assert acc.accepted[0] + acc.rejected[0] == pytest.approx(50)
+    assert AdaptiveDepth(4, acceptance=acc).conditional(draw=False) == pytest.approx(c)
+    with pytest.raises(ValueError, match="acceptance counts for 4 positions"):
+        AdaptiveDepth(3, acceptance=acc)
+
+
+def test_the_first_decision_takes_the_means():
+    """The k of a request's first cycle (and of its prefill passes) does not depend on the random draws."""
+    costs = CycleCosts()
+    for k in range(MAX_K + 1):
+        costs.add(costs.cycles, (4, k), 1.0 + 0.1 * k)
+    firsts = {AdaptiveDepth(MAX_K, costs, seed=seed).choose(4, 4, 1000, None) for seed in range(20)}
+    later = {AdaptiveDepth(MAX_K, costs, seed=seed, interval=0).choose(4, 4, 1000, 8) for seed in range(20)}
+    assert len(firsts) == 1 and len(later) > 1
 
 
 def test_policies_and_their_checks():

@@ -11,14 +11,18 @@ Acceptance alone cannot pick k: the same c_j favour k = 8 where a cycle costs ab
 k (small batches, where reading the weights dominates) and k = 0 where each extra draft costs a
 sequential depth pass over many rows (large batches). So the cost table is per batch size and k.
 
-Acceptance is learned as it decodes: c_j ~ Beta(PRIOR_ACCEPTED + accepted_j, PRIOR_REJECTED + rejected_j),
-counted over the cycles that reached position j. Each decision draws c from these posteriors (Thompson
-sampling) instead of taking their means: a position never reached has a wide posterior, so a larger k
-is still tried now and then, in proportion to how likely it is to be the best; once tried, its counts
-settle the question. The prior leans towards acceptance (mean 0.8, the weight of five cycles): MTP
-depths are trained to be accepted, and starting deep and backing off is cheap (a smaller k needs
-almost no catch-up), while starting shallow and growing costs a catch-up of every row the deeper
-depths missed.
+Acceptance is learned as it decodes: c_j ~ Beta(prior + accepted_j, prior + rejected_j), counted over
+the cycles that reached position j. Position 1's prior has mean PRIOR_MEAN (0.8: MTP depths are trained
+to be accepted); position j's prior has the posterior mean of position j - 1, each with the weight of
+PRIOR_WEIGHT cycles. So a position never reached is expected to accept about as often as the one
+before it (successive depths' acceptance changes slowly), and the controller deepens step by step while
+the deepest position it runs keeps being accepted, then its own counts take over. Each decision draws c
+from these posteriors (Thompson sampling) instead of taking their means: a k the means rank below the
+best is still tried now and then, in proportion to how likely it is to be the best. The first decision
+of a request takes the means: it also fixes the k of the request's prefill passes, which then stays
+the same from one request to the next (the same captured graphs). `AcceptanceCounts` can outlive a
+request: the fast engine keeps one per decoding mode, so that a request starts from what the requests
+before it saw.
 
 Costs are measured, never constants: the fast engine times its captured cycles (at setup, then every
 cycle on the device), the reference its own passes. A cost never measured is estimated from those
@@ -26,16 +30,18 @@ measured at the same batch size (a line in k) or at the nearest batch size.
 
 Switching to a larger k has a price: depths that did not run while k was smaller (and rows that a long
 acceptance left behind) must catch up before they draft (their missing rows recomputed from the
-committed tokens). `choose` is told how many rows that is for each k and charges their estimated cost
-once, spread over the cycles the sequences have left at that k (a switch is kept once paid for). A
-switch must also promise `margin` more tokens per ms than staying: Thompson draws alone would flap
-between ks of nearly equal rates, and every change of k costs the engine one wait for the cycle in
-flight.
+committed tokens). `choose` is told how many rows that is for each k and charges the catch-up's cost
+once, spread over the cycles the sequences have left at that k (a switch is kept once paid for). That
+cost is measured too: a fixed part plus a part per row, a line through the catch-ups timed at each
+(batch size, k). A switch must also promise `margin` more tokens per ms than staying: Thompson draws
+alone would flap between ks of nearly equal rates, and every change of k costs the engine one wait for
+the cycle in flight.
 
     DepthPolicy           the interface both engines drive: choose, observe, observe_cost
     FixedDepth(k)         always k
     ScriptedDepths(ks)    k from a list, cycle after cycle (tests)
     AdaptiveDepth(max_k)  the controller above
+    AcceptanceCounts      what it learns of acceptance (per position, fading)
     CycleCosts            the measured cost table
 """
 
@@ -62,7 +68,8 @@ class DepthPolicy:
         """The accepted counts a of the rows of a cycle that made all k drafts."""
 
     def observe_cost(self, batch: int, k: int, ms: float, catchup_rows: int = 0) -> None:
-        """A measured cycle (catchup_rows = 0) or catch-up pass (of that many rows at k) at `batch` rows."""
+        """A measured cycle (catchup_rows = 0), or a catch-up of depths 0..k-1 over `catchup_rows` rows per
+        sequence, at `batch` rows."""
 
 
 @dataclass
@@ -95,14 +102,15 @@ class ScriptedDepths(DepthPolicy):
 
 @dataclass
 class CycleCosts:
-    """Measured milliseconds: cycles per (batch, k), and catch-up passes per (batch, k) per row. Each entry
-    is a running mean that follows the latest measurements (`weight` for a new one once there are a few)."""
+    """Measured milliseconds: cycles per (batch, k), and catch-ups per (batch, k, rows recomputed per
+    sequence). Each entry is a running mean that follows the latest measurements (`weight` for a new one
+    once there are a few)."""
     cycles: dict[tuple[int, int], float] = field(default_factory=dict)
-    catchup: dict[tuple[int, int], float] = field(default_factory=dict)
+    catchup: dict[tuple[int, int, int], float] = field(default_factory=dict)
     counts: Counter = field(default_factory=Counter)
     weight: float = 0.2
 
-    def add(self, table: dict, key: tuple[int, int], ms: float) -> None:
+    def add(self, table: dict, key: tuple, ms: float) -> None:
         if not (ms > 0 and math.isfinite(ms)):
             return
         n = self.counts[(id(table), key)] = self.counts[(id(table), key)] + 1
@@ -133,12 +141,18 @@ class CycleCosts:
         return ms0
 
     def catchup_ms(self, batch: int, k: int, rows: int) -> float:
-        """A catch-up of `rows` rows through depths 0..k-1: measured per row, else estimated as the draft
-        part of a cycle (cycle(k) - cycle(0), k + 1 rows per depth) per row."""
+        """A catch-up of `rows` rows per sequence through depths 0..k-1: a line in the rows through the
+        catch-ups measured at (batch, k) (one measured: in proportion to the rows), else estimated as
+        the draft part of a cycle (cycle(k) - cycle(0), k + 1 rows per depth) per row."""
         if rows <= 0 or k == 0:
             return 0.0
-        if (batch, k) in self.catchup:
-            return self.catchup[(batch, k)] * rows
+        measured = {r: ms for (b, kk, r), ms in self.catchup.items() if b == batch and kk == k}
+        line = _line(measured)
+        if line is not None:
+            return max(min(measured.values()), line[0] + line[1] * rows)
+        if measured:
+            (r0, ms0), = measured.items()
+            return ms0 * rows / r0
         with_k, without = self.cycle_ms(batch, k), self.cycle_ms(batch, 0)
         if with_k is None or without is None:
             return 0.0
@@ -146,7 +160,7 @@ class CycleCosts:
 
 
 def _line(points: dict[int, float]) -> tuple[float, float] | None:
-    """Least squares (intercept, slope) of ms against k, or None with fewer than two ks."""
+    """Least squares (intercept, slope) of ms against x (k, or rows), or None with fewer than two points."""
     if len(points) < 2:
         return None
     ks, ms = list(points), list(points.values())
@@ -164,33 +178,65 @@ def acceptance_length(conditional: list[float], k: int) -> float:
     return total
 
 
+@dataclass
+class AcceptanceCounts:
+    """Per draft position j = 1..max_k: how often it was accepted and rejected, over the cycles that
+    reached it; the last `memory` observations per position count (older ones fade, so that acceptance
+    that drifts is followed)."""
+    max_k: int
+    memory: float = 200.0
+    accepted: list[float] = field(default_factory=list)
+    rejected: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.accepted = self.accepted or [0.0] * self.max_k
+        self.rejected = self.rejected or [0.0] * self.max_k
+
+    def observe(self, k: int, accepted: list[int]) -> None:
+        """The accepted counts a of the rows of a cycle that made all k drafts."""
+        for a in accepted:
+            for j in range(min(a + 1, k)):              # positions 1..a accepted, a + 1 (if <= k) rejected
+                if j < a:
+                    self.accepted[j] += 1
+                else:
+                    self.rejected[j] += 1
+        for j in range(self.max_k):
+            n = self.accepted[j] + self.rejected[j]
+            if n > self.memory:
+                self.accepted[j] *= self.memory / n
+                self.rejected[j] *= self.memory / n
+
+
 class AdaptiveDepth(DepthPolicy):
     """The controller of this module's docstring. costs: measured CycleCosts (filled by the engine);
-    interval: cycles a decision holds before the next one (a new batch size decides at once); seed: the
-    random draws of the acceptance posteriors; memory: how many recent observations per position the
-    counts keep (older ones fade, so that acceptance that drifts over a request is followed)."""
+    acceptance: the AcceptanceCounts to learn into (None: new ones, with `memory`); interval: cycles a
+    decision holds before the next one (a new batch size decides at once); seed: the random draws of
+    the acceptance posteriors."""
 
-    PRIOR_ACCEPTED, PRIOR_REJECTED = 4.0, 1.0
+    PRIOR_MEAN, PRIOR_WEIGHT = 0.8, 5.0
 
     def __init__(self, max_k: int, costs: CycleCosts | None = None, interval: int = 4, seed: int = 0,
-                 memory: float = 200.0, margin: float = 0.03):
+                 memory: float = 200.0, margin: float = 0.03, acceptance: AcceptanceCounts | None = None):
         if not isinstance(max_k, int) or max_k < 0:
             raise ValueError(f"max_k must be an integer >= 0, got {max_k!r}")
-        self.max_k, self.costs, self.interval, self.memory = max_k, costs or CycleCosts(), interval, memory
-        self.margin = margin
-        self.accepted = [0.0] * max_k           # per position j = 1..max_k
-        self.rejected = [0.0] * max_k
+        if acceptance is not None and acceptance.max_k != max_k:
+            raise ValueError(f"acceptance counts for {acceptance.max_k} positions, and max_k={max_k}")
+        self.max_k, self.costs, self.interval, self.margin = max_k, costs or CycleCosts(), interval, margin
+        self.acceptance = acceptance if acceptance is not None else AcceptanceCounts(max_k, memory)
         self.rng = random.Random(seed)
         self.held = 0                           # cycles since the last decision
         self.batch: int | None = None
         self.used: Counter = Counter()          # k -> cycles chosen
 
     def conditional(self, draw: bool = True) -> list[float]:
-        """c_1..c_max_k: drawn from the Beta posteriors (draw=True), or their means."""
-        pa, pr = self.PRIOR_ACCEPTED, self.PRIOR_REJECTED
-        if draw:
-            return [self.rng.betavariate(pa + a, pr + r) for a, r in zip(self.accepted, self.rejected)]
-        return [(pa + a) / (pa + pr + a + r) for a, r in zip(self.accepted, self.rejected)]
+        """c_1..c_max_k: drawn from the Beta posteriors (draw=True), or their means. Position j's prior has
+        the posterior mean of position j - 1 (position 1's: PRIOR_MEAN), with the weight PRIOR_WEIGHT."""
+        out, mean = [], self.PRIOR_MEAN
+        for a, r in zip(self.acceptance.accepted, self.acceptance.rejected):
+            pa, pr = self.PRIOR_WEIGHT * mean + a, self.PRIOR_WEIGHT * (1 - mean) + r
+            mean = pa / (pa + pr)
+            out.append(self.rng.betavariate(pa, pr) if draw else mean)
+        return out
 
     def rates(self, live: int, batch: int, remaining: int, current: int | None, conditional: list[float],
               catchup_rows=None) -> dict[int, float]:
@@ -213,7 +259,8 @@ class AdaptiveDepth(DepthPolicy):
             self.held += 1
             self.used[current] += 1
             return current
-        rates = self.rates(live, batch, remaining, current, self.conditional(), catchup_rows)
+        rates = self.rates(live, batch, remaining, current, self.conditional(draw=current is not None),
+                           catchup_rows)
         k = max(rates, key=rates.get) if rates else self.max_k
         if current in rates and rates[k] < rates[current] * (1 + self.margin):
             k = current                                   # not worth a change
@@ -222,21 +269,11 @@ class AdaptiveDepth(DepthPolicy):
         return k
 
     def observe(self, k: int, accepted: list[int]) -> None:
-        for a in accepted:
-            for j in range(min(a + 1, k)):              # positions 1..a accepted, a + 1 (if <= k) rejected
-                if j < a:
-                    self.accepted[j] += 1
-                else:
-                    self.rejected[j] += 1
-        for j in range(self.max_k):                     # fade: the last `memory` observations count
-            n = self.accepted[j] + self.rejected[j]
-            if n > self.memory:
-                self.accepted[j] *= self.memory / n
-                self.rejected[j] *= self.memory / n
+        self.acceptance.observe(k, accepted)
 
     def observe_cost(self, batch: int, k: int, ms: float, catchup_rows: int = 0) -> None:
         if catchup_rows:
-            self.costs.add(self.costs.catchup, (batch, k), ms / catchup_rows)
+            self.costs.add(self.costs.catchup, (batch, k, catchup_rows), ms)
         else:
             self.costs.add(self.costs.cycles, (batch, k), ms)
 

@@ -85,3 +85,8 @@ def test_auto_is_lossless_and_reports_the_ks_it_ran(model):
     assert got.token_ids == generate(model, prompts, 24, 0).token_ids
     assert sum(got.stats.k_used.values()) == sum(len(c) for c in got.cycles)
     assert set(got.stats.k_used) <= set(range(5)) and engine.policy.max_k == 4
+    counts = engine.policy.acceptance
+    seen = sum(counts.accepted) + sum(counts.rejected)
+    assert seen > 0, "auto's cycles should have taught it some acceptance"
+    engine.generate(prompts, 8, "auto")                       # the next request learns into the same counts
+    assert engine.policy.acceptance is counts and sum(counts.accepted) + sum(counts.rejected) > seen
