@@ -135,17 +135,21 @@ def report(result, k: int, engine: str, dtype: str, setup=None) -> str:
     return "\n".join(lines)
 
 
-SIZE_BUCKET = 64      # prefill chunk and the unit max_seq_len is rounded up to
+SEQ_BUCKET = 64       # max_seq_len is rounded up to a multiple of this
+PREFILL_CHUNK = 8     # tokens per prefill pass (batch 1)
 
 
 def fast_engine_sizes(prompt_len: int, max_new_tokens: int, model_max: int) -> dict:
-    """The fast engine's sizes for one request: max_seq_len rounded up to a multiple of SIZE_BUCKET
-    (within the model's maximum), and prefill passes of one chunk length. Prompts of other lengths
+    """The fast engine's sizes for one request: max_seq_len rounded up to a multiple of SEQ_BUCKET
+    (within the model's maximum), and prefill passes of PREFILL_CHUNK tokens. Prompts of other lengths
     then run the same prefill pass shape over caches of the same layout, so a new prompt on a warm
-    Triton cache finds its kernels built (a kernel is built per shape class of its arguments)."""
+    Triton cache finds its kernels built (a kernel is built per shape class of its arguments). A chunk
+    this short runs the prompt through the few-token kernels the cycles use (a cycle's rows carry up to
+    k + 1 tokens), so that a first run builds few kernels for the prompt alone; longer chunks take the
+    many-token paths (inkling_fast/forward.py) and wider tiles, each one more kernel to build."""
     need = prompt_len + max_new_tokens
-    return dict(max_seq_len=max(2, min(-(-need // SIZE_BUCKET) * SIZE_BUCKET, model_max)),
-                prefill_tokens=SIZE_BUCKET, prefill_lengths=[SIZE_BUCKET])
+    return dict(max_seq_len=max(2, min(-(-need // SEQ_BUCKET) * SEQ_BUCKET, model_max)),
+                prefill_tokens=PREFILL_CHUNK, prefill_lengths=[PREFILL_CHUNK])
 
 
 def auto_report(s, cycles) -> list[str]:

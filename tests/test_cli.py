@@ -143,3 +143,12 @@ def test_the_fast_engine_sizes_of_two_prompts_share_their_shapes():
         plan_prefill_pass([20], b["prefill_lengths"], [1], b["prefill_tokens"])
     assert fast_engine_sizes(500, 64, 512)["max_seq_len"] == 512
 
+
+def test_the_cli_prefill_chunk_takes_the_few_token_kernels():
+    """The CLI's prefill passes (batch 1) stay on the kernels a k <= 8 cycle uses: below the MoE's
+    many-token threshold, and no more (token, expert) pairs than a cycle's rows at k = 8 have."""
+    from inkling_fast import forward
+    from inkling_mtp.generate import fast_engine_sizes
+    chunk = fast_engine_sizes(9, 64, 512)["prefill_tokens"]
+    assert chunk < forward.MANY_TOKENS and chunk <= 8 + 1
+
