@@ -8,7 +8,8 @@ Workloads (the demo checkpoint, bf16, CUDA graphs, greedy, the overlapped loop; 
 benchmarks/engine.py `requests`):
   grid     whole `generate` calls of 240-token held-out prompts, 128 new tokens, at batch 1, 4, 16 and 32,
            k = 0, 1, 2, 4, 8 and auto: the best of `repeats` calls after a warm-up call (which captures the
-           graphs; for auto it also times a padding cycle at every (batch size, k): Engine.measure_cycle_costs)
+           graphs; for auto it also times a padding cycle at every (batch size, k) and a catch-up pass of each
+           length: Engine.measure_cycle_costs; the engine keeps the acceptance auto learned for later calls)
   serving  128 requests with random prompt and output lengths submitted at once to max_batch_size 32:
            output tokens/s, k = 0, 2, 4, 8 and auto; the live batch shrinks and refills as requests end
 For auto: which k ran how often (stats.k_used), and its acceptance length. Targets: auto >= 0.97 x the
