@@ -13,6 +13,8 @@ captured per key (graphs.py), and the data that changes from call to call travel
                                               result: int64 [B, 1], the rows recomputed
 
 `Decoding` is what a step computes besides its shapes: k drafts per cycle and how tokens are chosen.
+The keys are frozen dataclasses, not tuples: a prefill pass and a catch-up pass of the same batch size,
+length and decoding are different steps, and must not find each other's graph.
 """
 
 from __future__ import annotations
@@ -49,20 +51,23 @@ class Decoding:
         return draft_params(self.params, self.draft_sampling)
 
 
-class CycleKey(NamedTuple):
+@dataclass(frozen=True)
+class CycleKey:
     """One cycle of `batch_size` rows."""
     batch_size: int
     decoding: Decoding
 
 
-class PrefillKey(NamedTuple):
+@dataclass(frozen=True)
+class PrefillKey:
     """One batched prefill pass of `batch_size` rows, each a chunk of up to `length` prompt tokens."""
     batch_size: int
     length: int
     decoding: Decoding
 
 
-class CatchupKey(NamedTuple):
+@dataclass(frozen=True)
+class CatchupKey:
     """One catch-up pass: depths 0..k-1 recompute up to `length` rows per sequence before a cycle at k
     (rows a smaller k, or an acceptance longer than k, left behind)."""
     batch_size: int

@@ -192,7 +192,7 @@ def check_first_and_second(counter: Counter, engine: Engine, run, prompt_lengths
           f"{sorted(engine.graphs, key=str)}: {dict(sorted(compiled.items()))}\nbounds: {dict(sorted(limits.items()))}")
     over = {n: (c, limits.get(n, 0)) for n, c in compiled.items() if c > limits.get(n, 0)}
     assert not over, f"kernels compiled more often than the call needs (count, bound): {over}"
-    ran = {key[:2] for key in engine.graphs if isinstance(key, PrefillKey)}
+    ran = {(key.batch_size, key.length) for key in engine.graphs if isinstance(key, PrefillKey)}
     cycled = {key.batch_size for key in engine.graphs if isinstance(key, CycleKey)}
     assert ran == passes, f"prefill passes captured {sorted(ran)}, the engine's plan gives {sorted(passes)}"
     assert cycled and cycled <= set(cycles), f"cycles captured at {cycled}"

@@ -90,3 +90,13 @@ def test_auto_is_lossless_and_reports_the_ks_it_ran(model):
     assert seen > 0, "auto's cycles should have taught it some acceptance"
     engine.generate(prompts, 8, "auto")                       # the next request learns into the same counts
     assert engine.policy.acceptance is counts and sum(counts.accepted) + sum(counts.rejected) > seen
+
+
+def test_step_keys_of_different_kinds_never_share_a_graph():
+    """A prefill pass and a catch-up pass of the same batch size, length and decoding are different steps
+    (different inputs, different kernels): as keys of the engine's graph table they must not be equal."""
+    from inkling_fast.step_io import CatchupKey, CycleKey, Decoding, PrefillKey
+    dec = Decoding(4)
+    graphs = {PrefillKey(16, 32, dec): "prefill", CatchupKey(16, 32, dec): "catch-up", CycleKey(16, dec): "cycle"}
+    assert len(graphs) == 3 and graphs[CatchupKey(16, 32, Decoding(4))] == "catch-up"
+    assert PrefillKey(16, 32, dec) != CatchupKey(16, 32, dec)
