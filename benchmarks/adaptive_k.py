@@ -3,6 +3,7 @@
     python benchmarks/adaptive_k.py --out DIR              # GPU: DIR/adaptive_k.json and DIR/adaptive_k.md
     python benchmarks/adaptive_k.py --render DIR/adaptive_k.json   # the page from a JSON (docs/benchmarks/)
     python benchmarks/adaptive_k.py --dry                   # CPU, Triton interpreter, tiny sizes: the script runs
+    python benchmarks/adaptive_k.py --where --out DIR      # GPU: where auto's time goes (DIR/adaptive_k_where.json)
 
 Workloads (the demo checkpoint, bf16, CUDA graphs, greedy, the overlapped loop; those of
 benchmarks/engine.py `requests`):
@@ -13,7 +14,14 @@ benchmarks/engine.py `requests`):
   serving  128 requests with random prompt and output lengths submitted at once to max_batch_size 32:
            output tokens/s, k = 0, 2, 4, 8 and auto; the live batch shrinks and refills as requests end
 For auto: which k ran how often (stats.k_used), and its acceptance length. Targets: auto >= 0.97 x the
-best fixed k at every grid point and >= 1.0 x k = 0; serving: auto >= 1.05 x the best fixed k.
+best fixed k at every grid point and >= 1.0 x k = 0; serving: auto >= 1.05 x the best fixed k. The JSON
+is written after every point, so that a run cut short keeps what it measured.
+
+--where runs, at each batch size and on the serving workload, a fixed k beside the same k through the
+adaptive machinery (ScriptedDepths([k]): cycles timed on the device, depth rows booked per sequence,
+catch-ups when needed) and beside auto, and reports per timed call: the wall time, the host time per
+cycle, the wall time per cycle, the catch-up passes, the graphs captured inside the call, and auto's
+changes of k. It says whether auto's cost is the machinery, its choices, or setup done inside a call.
 """
 
 from __future__ import annotations
@@ -40,7 +48,70 @@ def grid_point(eng, prompts, new_tokens, k, repeats):
                 k_used={str(j): n for j, n in best.stats.k_used.items()})
 
 
+def where(eng, prompts, new_tokens, variants, repeats):
+    """Best of `repeats` timed calls (after a warm-up call) per (name, make_policy) in `variants`."""
+    rows = []
+    for name, make in variants:
+        eng.generate(prompts, max_new_tokens=new_tokens, num_speculative_tokens=make())
+        best = None
+        for _ in range(repeats):
+            graphs = len(eng.graphs)
+            r = eng.generate(prompts, max_new_tokens=new_tokens, num_speculative_tokens=make())
+            cycles = [t for t in eng.timings if t.kind == "cycle"]
+            catchups = [t for t in eng.timings if t.kind == "catchup"]
+            changes = max(sum(a.planned != b.planned for a, b in zip(seq, seq[1:])) for seq in r.cycles)
+            row = dict(name=name, batch=len(prompts), ms=1e3 * r.elapsed_s, cycles=len(cycles),
+                       host_ms_per_cycle=1e3 * sum(t.host_s for t in cycles) / max(1, len(cycles)),
+                       wall_ms_per_cycle=1e3 * (cycles[-1].ready_s - cycles[0].ready_s) / max(1, len(cycles) - 1),
+                       catchup_passes=len(catchups), catchup_rows=sum(t.tokens for t in catchups),
+                       graphs_captured_in_call=len(eng.graphs) - graphs,
+                       k_changes_per_sequence=changes, k_used={str(k): n for k, n in r.stats.k_used.items()})
+            if best is None or row["ms"] < best["ms"]:
+                best = row
+        rows.append(best)
+        print(f"{best['name']:>12} B={best['batch']:<3} {best['ms']:8.2f} ms  host {best['host_ms_per_cycle']:.3f} "
+              f"wall {best['wall_ms_per_cycle']:.3f} ms/cycle  catch-ups {best['catchup_passes']} "
+              f"({best['catchup_rows']} rows)  graphs in call {best['graphs_captured_in_call']}  "
+              f"k changes {best['k_changes_per_sequence']}  used {best['k_used']}", flush=True)
+    return rows
+
+
+def main_where(out, dry):
+    import torch
+    from inkling_fast import Engine
+    from inkling_ref.decoding.adaptive import ScriptedDepths
+    g, model = bench.GRID, bench.requests_model()
+    kmax, new_tokens, L = model.num_mtp_depths, g["new_tokens"], g["prompt_len"]
+    graphs = bench.DEV == "cuda"
+    prompts = bench.demo_prompts(max(g["req_batches"]), L) if not dry else [[(7 * i + j) % 50 for j in range(L)]
+                                                                              for i in range(max(g["req_batches"]))]
+    res = dict(gpu=torch.cuda.get_device_name() if graphs else "CPU (dry run)", commit=bench.harness.git_commit(),
+               command="python benchmarks/adaptive_k.py --where --out DIR", grid=[], serving=[])
+
+    def variants(ks):
+        return [(f"k={k}", lambda k=k: k) for k in ks] + \
+               [(f"scripted {k}", lambda k=k: ScriptedDepths([k])) for k in ks] + [("auto", lambda: "auto")]
+
+    eng = Engine(model, max_batch_size=max(g["req_batches"]), max_seq_len=L + new_tokens + 1, num_speculative_tokens=kmax,
+                 dtype=torch.bfloat16, batch_sizes=list(g["req_batches"]), use_cuda_graphs=graphs)
+    for B in g["req_batches"]:
+        ks = sorted({min(kmax, 2), min(kmax, 4)} | ({min(kmax, 8)} if B == 1 else set()))
+        res["grid"] += where(eng, prompts[:B], new_tokens, variants(ks), 1 if dry else 3)
+        (out / "adaptive_k_where.json").write_text(json.dumps(res, indent=1))
+    del eng
+    reqs, outs = bench.serving_workload(g["serve_requests"], model.config.max_position_embeddings)
+    eng = Engine(model, max_batch_size=g["serve_batch"], max_seq_len=model.config.max_position_embeddings,
+                 num_speculative_tokens=kmax, dtype=torch.bfloat16, use_cuda_graphs=graphs)
+    res["serving"] = where(eng, reqs, outs, variants([min(kmax, 4)]), 1 if dry else 2)
+    (out / "adaptive_k_where.json").write_text(json.dumps(res, indent=1))
+
+
 def main(argv):
+    if "--where" in argv:
+        out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path("/tmp")
+        out.mkdir(parents=True, exist_ok=True)
+        main_where(out, bench.DRY)
+        return
     if "--render" in argv:
         path = Path(argv[argv.index("--render") + 1])
         render(json.loads(path.read_text()), path.with_suffix(".md"))
@@ -68,6 +139,7 @@ def main(argv):
         for k in ks:
             row = grid_point(eng, prompts[:B], new_tokens, k, 1 if dry else 3)
             res["grid"].append(row)
+            (out / "adaptive_k.json").write_text(json.dumps(res, indent=1))
             print(f"B={B:<3} k={k!s:<5} {row['ms']:8.2f} ms  L={row['acceptance_length']:.2f}  used {row['k_used']}",
                   flush=True)
     del eng
@@ -82,6 +154,7 @@ def main(argv):
                    acceptance_length=best.stats.acceptance_length if k != 0 else 1.0,
                    k_used={str(j): n for j, n in best.stats.k_used.items()})
         res["serving"].append(row)
+        (out / "adaptive_k.json").write_text(json.dumps(res, indent=1))
         print(f"serving k={k!s:<5} {row['output_tokens_per_s']:9.0f} tok/s  used {row['k_used']}", flush=True)
     res["serving_workload"] = dict(requests=len(reqs), max_batch_size=g["serve_batch"],
                                    prompt_lengths=[min(map(len, reqs)), max(map(len, reqs))],
