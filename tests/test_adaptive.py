@@ -156,6 +156,8 @@ def test_an_unseen_position_is_expected_to_accept_like_the_one_before():
     assert AdaptiveDepth(4, acceptance=acc).conditional(draw=False) == pytest.approx(c)
     with pytest.raises(ValueError, match="acceptance counts for 4 positions"):
         AdaptiveDepth(3, acceptance=acc)
+    with pytest.raises(ValueError, match="one count per position 1..4, got 3 and 4"):
+        AcceptanceCounts(4, accepted=[1.0] * 3)
 
 
 def test_the_first_decision_takes_the_means():

@@ -191,6 +191,9 @@ class AcceptanceCounts:
     def __post_init__(self):
         self.accepted = self.accepted or [0.0] * self.max_k
         self.rejected = self.rejected or [0.0] * self.max_k
+        if len(self.accepted) != self.max_k or len(self.rejected) != self.max_k:
+            raise ValueError(f"accepted and rejected need one count per position 1..{self.max_k}, got "
+                             f"{len(self.accepted)} and {len(self.rejected)}")
 
     def observe(self, k: int, accepted: list[int]) -> None:
         """The accepted counts a of the rows of a cycle that made all k drafts."""
