@@ -21,8 +21,10 @@ wait, book it), token for token and record for record.
 
 With a depth policy (num_speculative_tokens="auto": inkling_ref.decoding.adaptive) the k of each cycle
 is the policy's choice for the batch it launches: the policy sees every cycle's measured device time
-and accepted counts when the cycle is booked. A prefill pass writes the depth rows of the k in use
-(the policy's first choice before any cycle). Before a cycle at another k than the one in flight, the
+and accepted counts when the cycle is booked, and, once no prompt waits for a slot, each sequence's
+tokens left and its own accepted counts (the batch then ends with its slowest sequence). Every prefill
+pass of a request writes the depth rows of one k, `Request.prefill_k` (None: the policy's first
+choice), so that its captured graphs are the same from pass to pass. Before a cycle at another k than the one in flight, the
 scheduler books what is in flight (one wait: the only one k changes add), then launches the catch-up
 passes the depths need (catchup.py) and the cycle.
 
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inkling_ref.decoding.adaptive import AdaptiveDepth, DepthPolicy, FixedDepth
+from inkling_ref.decoding.adaptive import AcceptanceCounts, AdaptiveDepth, DepthPolicy, FixedDepth
 from inkling_ref.decoding.generation import CycleRecord, Uniforms
 from inkling_ref.decoding.speculative import NonFiniteError, non_finite_message
 
@@ -53,13 +55,15 @@ from .step_io import (PASS, PASS_COLUMNS, PASS_RESULT, CatchupKey, CycleColumns,
 class Request:
     """One checked `generate` call: its prompts, a limit of new tokens per prompt, how it decodes (k: the
     most drafts a cycle makes), a seed per sequence, the EOS id (None: none), and the policy that
-    picks each cycle's k (None: k throughout)."""
+    picks each cycle's k (None: k throughout), and the k of its prefill passes under a policy (None: the
+    policy's first choice)."""
     prompts: list[list[int]]
     max_new_tokens: list[int]
     decoding: Decoding
     seeds: list[int]
     eos_token_id: int | None
     policy: DepthPolicy | None = None
+    prefill_k: int | None = None
 
 
 @dataclass
@@ -91,6 +95,7 @@ class Sequence:
     first_s: float = math.nan               # when x_L was booked (time.perf_counter)
     done_s: float = math.nan                # when the step that finished it was booked
     rows: DepthRows = field(default_factory=DepthRows)   # its depths' caches, as far as the host knows
+    acceptance: AcceptanceCounts | None = None           # its own accepted counts (k = "auto")
 
 
 @dataclass
@@ -125,9 +130,11 @@ class Scheduler:
     def sequences(self, request: Request) -> list[Sequence]:
         k, sampled = request.decoding.k, not request.decoding.greedy
         reference = sampled and self.reference_uniforms is not None
+        own = isinstance(request.policy, AdaptiveDepth)
         return [Sequence(index=i, prompt=torch.tensor(p, dtype=torch.int64), stop=len(p) + limit, seed=seed,
                          eos=-1 if request.eos_token_id is None else request.eos_token_id,
-                         uniforms=Uniforms(seed) if reference else None, draws=1 + (limit - 1) * (2 * k + 1))
+                         uniforms=Uniforms(seed) if reference else None, draws=1 + (limit - 1) * (2 * k + 1),
+                         acceptance=AcceptanceCounts(k, request.policy.acceptance.memory) if own else None)
                 for i, (p, limit, seed) in enumerate(zip(request.prompts, request.max_new_tokens, request.seeds))]
 
     def run(self, request: Request, overlap: bool) -> list[Sequence]:
@@ -141,7 +148,7 @@ class Scheduler:
         pending: list[Sequence] = []             # admitted; prompt chunks still to launch
         decoding: dict[int, Sequence] = {}       # slot -> sequence: prompt launched, not known to be finished
         inflight: deque[LaunchedStep] = deque()
-        after_pass, k_last = False, None
+        after_pass, k_last, k_prefill = False, None, None
 
         def book(step: LaunchedStep) -> None:
             for seq in self.book(step):
@@ -155,12 +162,13 @@ class Scheduler:
                 pending.append(seq)
             steps = []
             if pending and not (decoding and after_pass):      # running sequences wait one pass at most
-                if self.adaptive and k_last is None:           # the first k, for the first prompts' depth rows
+                if self.adaptive and k_prefill is None:        # the k of the request's depth rows at prefill
                     first = pending[: self.max_batch_size]
-                    k_last = self.policy.max_k if not isinstance(self.policy, AdaptiveDepth) else \
+                    k_prefill = k_last = request.prefill_k if request.prefill_k is not None else \
+                        self.policy.max_k if not isinstance(self.policy, AdaptiveDepth) else \
                         self.policy.choose(len(first), self.batch_size_for(len(first)),
                                            max(s.stop - len(s.prompt) for s in first), None)
-                step = self.launch_prefill(pending, Decoding(k_last, dec.params, dec.draft_sampling)
+                step = self.launch_prefill(pending, Decoding(k_prefill, dec.params, dec.draft_sampling)
                                            if self.adaptive else dec)
                 for seq, last in zip(step.seqs, step.last):
                     if last and seq.stop > len(seq.prompt) + 1:      # max_new_tokens = 1: x_L is all
@@ -169,7 +177,7 @@ class Scheduler:
                 steps, after_pass = [step], True
             elif decoding:
                 batch = list(decoding.values())
-                k = self.next_k(batch, dec.k, k_last)
+                k = self.next_k(batch, dec.k, k_last, finishing=not (waiting or pending))
                 if self.adaptive and any(p != k for seq in batch for p in seq.rows.pending):
                     while inflight:                            # a change of k: book what is in flight first
                         book(inflight.popleft())
@@ -185,13 +193,16 @@ class Scheduler:
                 book(inflight.popleft())
         return seqs
 
-    def next_k(self, batch: list[Sequence], k: int, current: int | None) -> int:
-        """The k of the next cycle of `batch`: the request's k, or its policy's choice."""
+    def next_k(self, batch: list[Sequence], k: int, current: int | None, finishing: bool = False) -> int:
+        """The k of the next cycle of `batch`: the request's k, or its policy's choice. finishing: no prompt
+        waits for a slot, so the batch ends with its slowest sequence (the policy sees each one's tokens
+        left and acceptance)."""
         if self.policy is None:
             return k
         catchup = (lambda j: max(seq.rows.missing(j)[1] for seq in batch)) if self.adaptive else None
-        remaining = max(seq.stop - len(seq.prompt) - len(seq.out) for seq in batch)
-        return self.policy.choose(len(batch), self.batch_size_for(len(batch)), remaining, current, catchup)
+        left = [seq.stop - len(seq.prompt) - len(seq.out) for seq in batch]
+        own = [(n, seq.acceptance) for n, seq in zip(left, batch)] if finishing and batch[0].acceptance is not None else None
+        return self.policy.choose(len(batch), self.batch_size_for(len(batch)), max(left), current, catchup, own)
 
     def launch_catchup(self, batch: list[Sequence], k: int) -> list[LaunchedStep]:
         """The catch-up passes depths 0..k-1 need before a cycle of `batch` at k (catchup.py); none with
@@ -321,6 +332,8 @@ class Scheduler:
                         finished.append(seq)
                     if record.counted:
                         counted.append(record.accepted)
+                        if seq.acceptance is not None:
+                            seq.acceptance.observe(k, [record.accepted])
                 if self.adaptive:
                     seq.rows.after_cycle(k, row[c.a]) if row[c.live] else seq.rows.pending.pop(0)
             if self.adaptive:

@@ -11,6 +11,18 @@ Acceptance alone cannot pick k: the same c_j favour k = 8 where a cycle costs ab
 k (small batches, where reading the weights dominates) and k = 0 where each extra draft costs a
 sequential depth pass over many rows (large batches). So the cost table is per batch size and k.
 
+Which tokens count. While prompts wait for slots, a finished sequence's slot is refilled at once, so
+every token is worth the same and the rate above (the batch's tokens per ms) is the one to maximize.
+When nothing waits, the batch ends with its slowest sequence, and the mean acceptance overstates what
+a deeper k does for that one: a sequence that rejects its second draft gains nothing from an eighth,
+while the sequences that accept all eight finish early and leave. Then the rate is the tokens the
+batch has left over the time until its last sequence is done,
+
+    finish(k) = cost(B, k) * max_i  left_i / L_i(k)          left_i: tokens sequence i has left
+
+with each sequence's own acceptance L_i (its own counts, with the batch's posterior as their prior, of
+a small weight: one slow sequence among fast ones must show itself within a few cycles).
+
 Acceptance is learned as it decodes: c_j ~ Beta(prior + accepted_j, prior + rejected_j), counted over
 the cycles that reached position j. Position 1's prior has mean PRIOR_MEAN (0.8: MTP depths are trained
 to be accepted); position j's prior has the posterior mean of position j - 1, each with the weight of
@@ -19,10 +31,11 @@ before it (successive depths' acceptance changes slowly), and the controller dee
 the deepest position it runs keeps being accepted, then its own counts take over. Each decision draws c
 from these posteriors (Thompson sampling) instead of taking their means: a k the means rank below the
 best is still tried now and then, in proportion to how likely it is to be the best. The first decision
-of a request takes the means: it also fixes the k of the request's prefill passes, which then stays
-the same from one request to the next (the same captured graphs). `AcceptanceCounts` can outlive a
-request: the fast engine keeps one per decoding mode, so that a request starts from what the requests
-before it saw.
+of a request takes the means, and fixes the k of its prefill passes unless the engine names one (the
+fast engine prefills a request at the k the previous request of its batch size ran most: the same
+captured graphs from one request to the next, and the depth rows its cycles will use).
+`AcceptanceCounts` can outlive a request: the fast engine keeps one per decoding mode, so that a
+request starts from what the requests before it saw.
 
 Costs are measured, never constants: the fast engine times its captured cycles (at setup, then every
 cycle on the device), the reference its own passes. A cost never measured is estimated from those
@@ -41,7 +54,7 @@ the cycle in flight.
     FixedDepth(k)         always k
     ScriptedDepths(ks)    k from a list, cycle after cycle (tests)
     AdaptiveDepth(max_k)  the controller above
-    AcceptanceCounts      what it learns of acceptance (per position, fading)
+    AcceptanceCounts      what it learns of acceptance (per position, fading; per batch and per sequence)
     CycleCosts            the measured cost table
 """
 
@@ -57,11 +70,13 @@ class DepthPolicy:
     """How many drafts the next cycle makes. `max_k`: the depths loaded (the largest k it may return)."""
     max_k: int = 0
 
-    def choose(self, live: int, batch: int, remaining: int, current: int | None, catchup_rows=None) -> int:
+    def choose(self, live: int, batch: int, remaining: int, current: int | None, catchup_rows=None,
+               sequences=None) -> int:
         """k for the next cycle of `live` sequences padded to `batch` rows; `remaining`: the most new tokens
         any of them may still emit; `current`: the k of the last cycle (None before the first);
         catchup_rows(k): rows the depths must recompute before a cycle at k (None: none), called only
-        when a decision is made."""
+        when a decision is made; sequences: (tokens left, AcceptanceCounts) per live sequence when the
+        batch ends with its slowest (nothing waits for a slot), else None."""
         raise NotImplementedError
 
     def observe(self, k: int, accepted: list[int]) -> None:
@@ -79,7 +94,7 @@ class FixedDepth(DepthPolicy):
     def __post_init__(self):
         self.max_k = self.k
 
-    def choose(self, live, batch, remaining, current, catchup_rows=None) -> int:
+    def choose(self, live, batch, remaining, current, catchup_rows=None, sequences=None) -> int:
         return self.k
 
 
@@ -94,7 +109,7 @@ class ScriptedDepths(DepthPolicy):
             raise ValueError(f"ScriptedDepths needs a non-empty list of integers >= 0, got {self.ks!r}")
         self.max_k = max(self.ks)
 
-    def choose(self, live, batch, remaining, current, catchup_rows=None) -> int:
+    def choose(self, live, batch, remaining, current, catchup_rows=None, sequences=None) -> int:
         k = self.ks[min(self.calls, len(self.ks) - 1)]
         self.calls += 1
         return k
@@ -217,6 +232,7 @@ class AdaptiveDepth(DepthPolicy):
     the acceptance posteriors."""
 
     PRIOR_MEAN, PRIOR_WEIGHT = 0.8, 5.0
+    OWN_PRIOR_WEIGHT = 2.0          # a sequence's own counts outweigh the batch's after a few cycles
 
     def __init__(self, max_k: int, costs: CycleCosts | None = None, interval: int = 4, seed: int = 0,
                  memory: float = 200.0, margin: float = 0.03, acceptance: AcceptanceCounts | None = None):
@@ -241,29 +257,42 @@ class AdaptiveDepth(DepthPolicy):
             out.append(self.rng.betavariate(pa, pr) if draw else mean)
         return out
 
+    def own_conditional(self, counts: AcceptanceCounts, prior: list[float]) -> list[float]:
+        """One sequence's c_1..c_max_k: the posterior means of its own counts, with `prior` (the batch's)
+        as their prior means, each with the weight OWN_PRIOR_WEIGHT."""
+        w = self.OWN_PRIOR_WEIGHT
+        return [(w * p + a) / (w + a + r) for p, a, r in zip(prior, counts.accepted, counts.rejected)]
+
     def rates(self, live: int, batch: int, remaining: int, current: int | None, conditional: list[float],
-              catchup_rows=None) -> dict[int, float]:
-        """Expected tokens per ms of each k whose cost is known, over the cycles the sequences have left at
-        that k, with the catch-up a switch needs charged once. catchup_rows: a function of k, or a dict."""
+              catchup_rows=None, sequences=None) -> dict[int, float]:
+        """Expected tokens per ms of each k whose cost is known, with the catch-up a switch needs charged
+        once. catchup_rows: a function of k, or a dict. sequences=None: the batch's tokens over the
+        cycles the sequences have left at that k; else ((tokens left, AcceptanceCounts) per sequence)
+        the tokens they have left over the time until the last of them is done (module docstring)."""
         rows = catchup_rows.get if isinstance(catchup_rows, dict) else catchup_rows
+        own = [(left, self.own_conditional(counts, conditional)) for left, counts in sequences or ()]
         out = {}
         for k in range(self.max_k + 1):
             cost = self.costs.cycle_ms(batch, k)
             if cost is None:
                 continue
-            L = acceptance_length(conditional, k)
-            cycles = max(1.0, remaining / L)
             switch = self.costs.catchup_ms(batch, k, (rows(k) or 0) if rows else 0) if k != current else 0.0
-            out[k] = live * L * cycles / (cost * cycles + switch)
+            if own:
+                cycles = max(max(1.0, left / acceptance_length(c, k)) for left, c in own)
+                out[k] = sum(left for left, _ in own) / (cost * cycles + switch)
+            else:
+                L = acceptance_length(conditional, k)
+                cycles = max(1.0, remaining / L)
+                out[k] = live * L * cycles / (cost * cycles + switch)
         return out
 
-    def choose(self, live, batch, remaining, current, catchup_rows=None) -> int:
+    def choose(self, live, batch, remaining, current, catchup_rows=None, sequences=None) -> int:
         if current is not None and batch == self.batch and self.held < self.interval:
             self.held += 1
             self.used[current] += 1
             return current
         rates = self.rates(live, batch, remaining, current, self.conditional(draw=current is not None),
-                           catchup_rows)
+                           catchup_rows, sequences)
         k = max(rates, key=rates.get) if rates else self.max_k
         if current in rates and rates[k] < rates[current] * (1 + self.margin):
             k = current                                   # not worth a change

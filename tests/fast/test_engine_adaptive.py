@@ -17,7 +17,7 @@ from test_engine import (DEVICE, TOL, agreeable_model, compare_rows, engine_conf
 
 from inkling_fast import Engine
 from inkling_ref import generate, speculative as S
-from inkling_ref.decoding.adaptive import ScriptedDepths
+from inkling_ref.decoding.adaptive import AdaptiveDepth, ScriptedDepths
 
 SCRIPTS = {
     "k=1 stretch, then the most": [1] * 12 + [4] * 6,
@@ -90,6 +90,46 @@ def test_auto_is_lossless_and_reports_the_ks_it_ran(model):
     assert seen > 0, "auto's cycles should have taught it some acceptance"
     engine.generate(prompts, 8, "auto")                       # the next request learns into the same counts
     assert engine.policy.acceptance is counts and sum(counts.accepted) + sum(counts.rejected) > seen
+
+
+class Recording(AdaptiveDepth):
+    """AdaptiveDepth that records, per decision, the live count and what it was shown of each sequence."""
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+
+    def choose(self, live, batch, remaining, current, catchup_rows=None, sequences=None):
+        self.seen.append((live, None if sequences is None else [left for left, _ in sequences]))
+        return super().choose(live, batch, remaining, current, catchup_rows, sequences)
+
+
+def test_auto_sees_each_sequence_once_nothing_waits_and_prefills_at_the_k_it_ran_most(model):
+    """While a prompt waits for a slot, the policy maximizes the batch's tokens per ms (no per-sequence
+    view); once none waits, it sees each live sequence's tokens left and its own accepted counts. The
+    next auto request of that batch size prefills at the k the last one ran most."""
+    engine = Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
+                    device=DEVICE)
+    prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3], [3, 1, 2]], [6, 20, 20]
+    policy = Recording(4, interval=1)
+    got = engine.generate(prompts, limit, policy)
+    assert got.token_ids == [generate(model, [p], n, 0).token_ids[0] for p, n in zip(prompts, limit)]
+    waiting = [s for _, s in policy.seen[1:]]            # [0]: the first decision, for the prefill
+    assert waiting[0] is None, "the third prompt waits: the batch's rate"
+    shown = [s for s in waiting if s is not None]
+    assert shown and all(0 < left <= 20 for s in shown for left in s)
+    assert waiting.index(shown[0]) > 0 and all(s is not None for s in waiting[waiting.index(shown[0]):])
+    assert all(len(s) == live for (live, s) in policy.seen[1:] if s is not None)
+
+    got = engine.generate(prompts[:2], 12, "auto")
+    most = max(got.stats.k_used, key=got.stats.k_used.get)
+    key = next(iter(engine.prefill_depth))
+    assert engine.prefill_depth == {key: most}
+    ks = []
+    launch = engine.scheduler.launch_prefill
+    engine.scheduler.launch_prefill = lambda pending, dec: ks.append(dec.k) or launch(pending, dec)
+    again = engine.generate(prompts[:2], 12, "auto")
+    assert ks and set(ks) == {most}
+    assert again.token_ids == generate(model, prompts[:2], 12, 0).token_ids
 
 
 def test_step_keys_of_different_kinds_never_share_a_graph():
