@@ -166,6 +166,24 @@ def test_a_batch_that_ends_with_its_slowest_sequence_runs_at_the_slowest_ones_be
     assert wrong > 1.2 * best, f"the batch-rate controller took {wrong:.1f} ms, the best fixed k {best:.1f} ms"
 
 
+def test_a_finishing_batch_holds_its_k_until_every_sequence_has_shown_itself():
+    """With sequences whose own counts are fewer than `interval` cycles, the current k holds (the batch's
+    counts alone would pick the average sequence's k); with their counts, the controller decides."""
+    costs = CycleCosts()
+    for k in range(MAX_K + 1):
+        costs.add(costs.cycles, (4, k), 1.0 + 0.5 * k)
+    policy = AdaptiveDepth(MAX_K, costs, interval=4)
+    policy.acceptance.accepted = [1e3] * MAX_K                 # the batch accepts everything: k = 8 pays
+    fresh = [(100, AcceptanceCounts(MAX_K)) for _ in range(4)]
+    assert policy.choose(4, 4, 100, 2, None, fresh) == 2
+    slow = AcceptanceCounts(MAX_K)
+    slow.observe(2, [1] * 4)                                  # one sequence rejects its second draft
+    shown = [(100, c) for c in (AcceptanceCounts(MAX_K, accepted=[4.0, 4.0] + [0.0] * (MAX_K - 2)),) * 3]
+    assert policy.choose(4, 4, 100, 2, None, shown + [(100, slow)]) < 2
+    batch_rate = AdaptiveDepth(MAX_K, costs, interval=4, acceptance=policy.acceptance)
+    assert batch_rate.choose(4, 4, 100, 2, None, None) == MAX_K   # no sequences: the batch's rate
+
+
 def test_a_switch_pays_its_catch_up_once():
     """A catch-up costing many cycles keeps the current k when the sequences are about to end, and is
     taken when they have far to go."""

@@ -21,7 +21,9 @@ batch has left over the time until its last sequence is done,
     finish(k) = cost(B, k) * max_i  left_i / L_i(k)          left_i: tokens sequence i has left
 
 with each sequence's own acceptance L_i (its own counts, with the batch's posterior as their prior, of
-a small weight: one slow sequence among fast ones must show itself within a few cycles).
+a small weight: one slow sequence among fast ones must show itself within a few cycles). Until every
+live sequence has shown itself (`interval` cycles of its own), the current k holds: the batch's
+posterior alone would pick the k of the average sequence, and a switch up costs a catch-up.
 
 Acceptance is learned as it decodes: c_j ~ Beta(prior + accepted_j, prior + rejected_j), counted over
 the cycles that reached position j. Position 1's prior has mean PRIOR_MEAN (0.8: MTP depths are trained
@@ -253,7 +255,7 @@ class AdaptiveDepth(DepthPolicy):
         out, mean = [], self.PRIOR_MEAN
         for a, r in zip(self.acceptance.accepted, self.acceptance.rejected):
             pa, pr = self.PRIOR_WEIGHT * mean + a, self.PRIOR_WEIGHT * (1 - mean) + r
-            mean = pa / (pa + pr)
+            mean = min(max(pa / (pa + pr), 1e-9), 1 - 1e-9)     # a prior of weight > 0 on both sides
             out.append(self.rng.betavariate(pa, pr) if draw else mean)
         return out
 
@@ -287,7 +289,8 @@ class AdaptiveDepth(DepthPolicy):
         return out
 
     def choose(self, live, batch, remaining, current, catchup_rows=None, sequences=None) -> int:
-        if current is not None and batch == self.batch and self.held < self.interval:
+        unseen = current and sequences and any(c.accepted[0] + c.rejected[0] < self.interval for _, c in sequences)
+        if current is not None and (unseen or batch == self.batch and self.held < self.interval):
             self.held += 1
             self.used[current] += 1
             return current
