@@ -109,27 +109,27 @@ def test_auto_sees_each_sequence_once_nothing_waits_and_prefills_at_the_k_it_ran
     next auto request of that batch size prefills at the k the last one ran most."""
     engine = Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
                     device=DEVICE)
-    prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3], [3, 1, 2]], [6, 20, 20]
+    prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3], [3, 1, 2]], [4, 12, 12]
     policy = Recording(4, interval=1)
     got = engine.generate(prompts, limit, policy)
     assert got.token_ids == [generate(model, [p], n, 0).token_ids[0] for p, n in zip(prompts, limit)]
     waiting = [s for _, s in policy.seen[1:]]            # [0]: the first decision, for the prefill
     assert waiting[0] is None, "the third prompt waits: the batch's rate"
     shown = [s for s in waiting if s is not None]
-    assert shown and all(0 < left <= 20 for s in shown for left in s)
+    assert shown and all(0 < left <= 12 for s in shown for left in s)
     assert waiting.index(shown[0]) > 0 and all(s is not None for s in waiting[waiting.index(shown[0]):])
     assert all(len(s) == live for (live, s) in policy.seen[1:] if s is not None)
 
-    got = engine.generate(prompts[:2], 12, "auto")
+    got = engine.generate(prompts[:2], 8, "auto")
     most = max(got.stats.k_used, key=got.stats.k_used.get)
     key = next(iter(engine.prefill_depth))
     assert engine.prefill_depth == {key: most}
     ks = []
     launch = engine.scheduler.launch_prefill
     engine.scheduler.launch_prefill = lambda pending, dec: ks.append(dec.k) or launch(pending, dec)
-    again = engine.generate(prompts[:2], 12, "auto")
+    again = engine.generate(prompts[:2], 8, "auto")
     assert ks and set(ks) == {most}
-    assert again.token_ids == generate(model, prompts[:2], 12, 0).token_ids
+    assert again.token_ids == generate(model, prompts[:2], 8, 0).token_ids
 
 
 def test_step_keys_of_different_kinds_never_share_a_graph():
