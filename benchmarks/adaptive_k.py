@@ -21,7 +21,8 @@ is written after every point, so that a run cut short keeps what it measured.
 adaptive machinery (ScriptedDepths([k]): cycles timed on the device, depth rows booked per sequence,
 catch-ups when needed) and beside auto, and reports per timed call: the wall time, the host time per
 cycle, the wall time per cycle, the catch-up passes, the graphs captured inside the call, and auto's
-changes of k. It says whether auto's cost is the machinery, its choices, or setup done inside a call.
+changes of k, with the k of each cycle of the longest sequence in order. It says whether auto's cost
+is the machinery, its choices, or setup done inside a call.
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ def grid_point(eng, prompts, new_tokens, k, repeats):
                 k_used={str(j): n for j, n in best.stats.k_used.items()})
 
 
+def k_path(cycles) -> str:
+    """The k of each cycle of one sequence, in order, run-length encoded: "6 x 4, 2 x 55"."""
+    runs = []
+    for c in cycles:
+        if runs and runs[-1][0] == c.planned:
+            runs[-1][1] += 1
+        else:
+            runs.append([c.planned, 1])
+    return ", ".join(f"{k} x {n}" for k, n in runs)
+
+
 def where(eng, prompts, new_tokens, variants, repeats):
     """Best of `repeats` timed calls (after a warm-up call) per (name, make_policy) in `variants`."""
     rows = []
@@ -65,14 +77,16 @@ def where(eng, prompts, new_tokens, variants, repeats):
                        wall_ms_per_cycle=1e3 * (cycles[-1].ready_s - cycles[0].ready_s) / max(1, len(cycles) - 1),
                        catchup_passes=len(catchups), catchup_rows=sum(t.tokens for t in catchups),
                        graphs_captured_in_call=len(eng.graphs) - graphs,
-                       k_changes_per_sequence=changes, k_used={str(k): n for k, n in r.stats.k_used.items()})
+                       k_changes_per_sequence=changes, k_used={str(k): n for k, n in r.stats.k_used.items()},
+                       k_path=k_path(max(r.cycles, key=len)))
             if best is None or row["ms"] < best["ms"]:
                 best = row
         rows.append(best)
         print(f"{best['name']:>12} B={best['batch']:<3} {best['ms']:8.2f} ms  host {best['host_ms_per_cycle']:.3f} "
               f"wall {best['wall_ms_per_cycle']:.3f} ms/cycle  catch-ups {best['catchup_passes']} "
               f"({best['catchup_rows']} rows)  graphs in call {best['graphs_captured_in_call']}  "
-              f"k changes {best['k_changes_per_sequence']}  used {best['k_used']}", flush=True)
+              f"k changes {best['k_changes_per_sequence']}  used {best['k_used']}  longest sequence's ks "
+              f"{best['k_path']}", flush=True)
     return rows
 
 
