@@ -126,7 +126,7 @@ class Engine:
         self.started_s = math.nan
         self.cycle_costs: dict[tuple, CycleCosts] = {}     # per (sampling params, draft sampling): measured
         self.acceptance: dict[tuple, AcceptanceCounts] = {}   # the same keys: what auto requests saw
-        self.prefill_depth: dict[tuple, int] = {}   # (those keys, batch size): the k auto requests prefill at
+        self.prefill_depth: dict[tuple, int] = {}   # (mode, batch size): the k auto requests prefill at
         self.policy: DepthPolicy | None = None             # the depth policy of the last generate, if any
 
     # the parts' state, read by tests, notebooks and benchmarks
@@ -165,22 +165,21 @@ class Engine:
         limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
         seeds = [secrets.randbits(62) if seed is None else sequence_seed(seed, i) for i in range(len(prompts))]
         params = SamplingParams(temperature, top_k, top_p)
-        policy, prefill_k = None, None
+        policy = None
         if k == "auto":
             mode = (params, draft_sampling)
             policy = AdaptiveDepth(self.k, self.cycle_costs.setdefault(mode, CycleCosts()),
                                    acceptance=self.acceptance.setdefault(mode, AcceptanceCounts(self.k)),
                                    seed=0 if seed is None else seed)
-            prefill_k = self.prefill_depth.get(self.prefill_depth_key(mode, len(prompts)))
         elif isinstance(k, DepthPolicy):
             policy = k
-        if policy is not None:
-            k = policy.max_k                       # the most drafts a cycle may make
-        return Request(prompts, limits, Decoding(k, params, draft_sampling), seeds, eos_token_id, policy, prefill_k)
+        dec = Decoding(k if policy is None else policy.max_k, params, draft_sampling)   # the most drafts a cycle makes
+        prefill_k = self.prefill_depth.get(self.prefill_depth_key(dec, len(prompts))) if k == "auto" else None
+        return Request(prompts, limits, dec, seeds, eos_token_id, policy, prefill_k)
 
-    def prefill_depth_key(self, mode: tuple, num_prompts: int) -> tuple:
+    def prefill_depth_key(self, dec: Decoding, num_prompts: int) -> tuple:
         """Where an auto request's prefill k is kept: its decoding mode and its first batch size."""
-        return mode, self.scheduler.batch_size_for(min(num_prompts, self.max_batch_size))
+        return dec.params, dec.draft_sampling, self.scheduler.batch_size_for(min(num_prompts, self.max_batch_size))
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int | list[int],
@@ -208,8 +207,8 @@ class Engine:
         if isinstance(request.policy, AdaptiveDepth) and stats.k_used:
             # the next such request prefills at the k this one ran most: its prefill graphs stay the same
             # from request to request, and its depth rows are the ones its cycles will use
-            mode = (request.decoding.params, request.decoding.draft_sampling)
-            self.prefill_depth[self.prefill_depth_key(mode, len(request.prompts))] = max(stats.k_used, key=stats.k_used.get)
+            key = self.prefill_depth_key(request.decoding, len(request.prompts))
+            self.prefill_depth[key] = max(stats.k_used, key=stats.k_used.get)
         self.policy = request.policy
         return GenerationResult(token_ids=[s.out for s in seqs], cycles=[s.cycles for s in seqs], stats=stats,
                                 elapsed_s=elapsed)

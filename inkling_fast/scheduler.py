@@ -24,9 +24,9 @@ is the policy's choice for the batch it launches: the policy sees every cycle's 
 and accepted counts when the cycle is booked, and, once no prompt waits for a slot, each sequence's
 tokens left and its own accepted counts (the batch then ends with its slowest sequence). Every prefill
 pass of a request writes the depth rows of one k, `Request.prefill_k` (None: the policy's first
-choice), so that its captured graphs are the same from pass to pass. Before a cycle at another k than the one in flight, the
-scheduler books what is in flight (one wait: the only one k changes add), then launches the catch-up
-passes the depths need (catchup.py) and the cycle.
+choice), so that its captured graphs are the same from pass to pass. Before a cycle at another k than
+the one in flight, the scheduler books what is in flight (one wait: the only one k changes add), then
+launches the catch-up passes the depths need (catchup.py) and the cycle.
 
 Host timings of each step land in `StepTiming`s; nothing here changes what a step computes.
 """
@@ -201,7 +201,9 @@ class Scheduler:
             return k
         catchup = (lambda j: max(seq.rows.missing(j)[1] for seq in batch)) if self.adaptive else None
         left = [seq.stop - len(seq.prompt) - len(seq.out) for seq in batch]
-        own = [(n, seq.acceptance) for n, seq in zip(left, batch)] if finishing and batch[0].acceptance is not None else None
+        own = None
+        if finishing and batch[0].acceptance is not None:       # AdaptiveDepth: each sequence's own counts
+            own = [(n, seq.acceptance) for n, seq in zip(left, batch)]
         return self.policy.choose(len(batch), self.batch_size_for(len(batch)), max(left), current, catchup, own)
 
     def launch_catchup(self, batch: list[Sequence], k: int) -> list[LaunchedStep]:
