@@ -208,26 +208,27 @@ class Scheduler:
 
     def launch_catchup(self, batch: list[Sequence], k: int) -> list[LaunchedStep]:
         """The catch-up passes depths 0..k-1 need before a cycle of `batch` at k (catchup.py); none with
-        a fixed k."""
-        needs = [seq.rows.missing(k) for seq in batch] if self.adaptive else []
-        if not any(count for _, count in needs):
+        a fixed k. The passes hold only the sequences that miss rows, padded to the next captured batch
+        size: a prompt admitted below the batch's k (serving) costs the rows of its own sequence, not a
+        pass over the whole batch."""
+        needy = [(seq, need) for seq in batch for need in [seq.rows.missing(k)] if need[1]] if self.adaptive else []
+        if not needy:
             return []
-        T, passes = catchup_passes(needs)
-        B, steps = self.batch_size_for(len(batch)), []
+        T, passes = catchup_passes([need for _, need in needy])
+        B, steps = self.batch_size_for(len(needy)), []
         key = CatchupKey(B, T, Decoding(k))
         for rows in passes:
             t0 = time.perf_counter()
             host = torch.zeros(B, 3, dtype=torch.int64)
             host[:, 0] = self.scratch
-            for b, (seq, (first, count)) in enumerate(zip(batch, rows)):
+            for b, ((seq, _), (first, count)) in enumerate(zip(needy, rows)):
                 host[b] = torch.tensor([seq.slot, first, count])
             launched = self.runner.launch(key, host, timed=True)
             timing = StepTiming("catchup", (B, T), sum(c > 0 for _, c in rows), sum(c for _, c in rows), t0,
                                 host_s=time.perf_counter() - t0)
-            steps.append(LaunchedStep(key, batch, [], launched, timing))
-        for seq, (_, count) in zip(batch, needs):
-            if count:
-                seq.rows.caught_up(k)
+            steps.append(LaunchedStep(key, [seq for seq, _ in needy], [], launched, timing))
+        for seq, _ in needy:
+            seq.rows.caught_up(k)
         return steps
 
     def prefill(self, seqs: list[Sequence], slots: list[int], dec: Decoding) -> None:

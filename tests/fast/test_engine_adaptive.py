@@ -132,6 +132,32 @@ def test_auto_sees_each_sequence_once_nothing_waits_and_prefills_at_the_k_it_ran
     assert again.token_ids == generate(model, prompts[:2], 8, 0).token_ids
 
 
+class PrefillLow(AdaptiveDepth):
+    """AdaptiveDepth that prefills at k = 1 (its first decision) and runs every cycle at k = 4."""
+    def choose(self, live, batch, remaining, current, catchup_rows=None, sequences=None):
+        return 1 if current is None else 4
+
+
+def test_a_prompt_admitted_below_the_batch_k_catches_up_alone(model):
+    """Serving: a prompt takes a freed slot, prefilled at k = 1 while the batch runs k = 4. Only its depth
+    rows are missing, so its catch-up pass holds that sequence alone (batch size 1), and each sequence's
+    drafts then equal the reference's cycle driven by the same ks (a catch-up that wrote another slot,
+    or none, changes them)."""
+    engine = Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
+                    device=DEVICE)
+    poison(engine)
+    prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3, 1, 4, 4, 0, 2], [3, 1, 2, 0, 4, 1, 1, 3, 2]], [6, 20, 16]
+    got = engine.generate(prompts, limit, PrefillLow(4))
+    catchups = [t for t in engine.timings if t.kind == "catchup"]
+    shapes = [(t.shape[0], t.rows) for t in catchups]        # (padded batch size, sequences that miss rows)
+    assert shapes[0] == (2, 2) and shapes[-1] == (1, 1), shapes  # both first prompts, then the newcomer alone
+    for i, (prompt, n) in enumerate(zip(prompts, limit)):
+        assert got.token_ids[i] == generate(model, [prompt], n, 0).token_ids[0]
+        ks = [c.planned for c in got.cycles[i]]
+        _, records = reference_cycles(model, prompt, n, ks)
+        assert [(c.planned, c.drafts, c.accepted) for c in got.cycles[i]] == records, f"sequence {i}"
+
+
 def test_step_keys_of_different_kinds_never_share_a_graph():
     """A prefill pass and a catch-up pass of the same batch size, length and decoding are different steps
     (different inputs, different kernels): as keys of the engine's graph table they must not be equal."""
