@@ -146,7 +146,7 @@ def test_a_prompt_admitted_below_the_batch_k_catches_up_alone(model):
     engine = Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
                     device=DEVICE)
     poison(engine)
-    prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3, 1, 4, 4, 0, 2], [3, 1, 2, 0, 4, 1, 1, 3, 2]], [6, 20, 16]
+    prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3, 1, 4, 4, 0, 2], [3, 1, 2, 0, 4, 1, 1, 3, 2]], [3, 12, 8]
     got = engine.generate(prompts, limit, PrefillLow(4))
     catchups = [t for t in engine.timings if t.kind == "catchup"]
     shapes = [(t.shape[0], t.rows) for t in catchups]        # (padded batch size, sequences that miss rows)
