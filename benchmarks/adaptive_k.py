@@ -4,6 +4,8 @@
     python benchmarks/adaptive_k.py --render DIR/adaptive_k.json   # the page from a JSON (docs/benchmarks/)
     python benchmarks/adaptive_k.py --dry                   # CPU, Triton interpreter, tiny sizes: the script runs
     python benchmarks/adaptive_k.py --where --out DIR      # GPU: where auto's time goes (DIR/adaptive_k_where.json)
+    python benchmarks/adaptive_k.py --out DIR --only serving   # one workload (grid or serving), no page
+    INKLING_SRC=OLD_TREE python benchmarks/adaptive_k.py ...   # the same on another tree's packages (before/after)
 
 Workloads (the demo checkpoint, bf16, CUDA graphs, greedy, the overlapped loop; those of
 benchmarks/engine.py `requests`):
@@ -149,7 +151,8 @@ def main(argv):
                torch=torch.__version__, grid=[], serving=[])
     eng = Engine(model, max_batch_size=max(batches), max_seq_len=L + new_tokens + 1, num_speculative_tokens=kmax,
                  dtype=torch.bfloat16, batch_sizes=batches, use_cuda_graphs=graphs)
-    for B in batches:
+    only = argv[argv.index("--only") + 1] if "--only" in argv else None
+    for B in batches if only != "serving" else ():
         for k in ks:
             row = grid_point(eng, prompts[:B], new_tokens, k, 1 if dry else 3)
             res["grid"].append(row)
@@ -157,6 +160,8 @@ def main(argv):
             print(f"B={B:<3} k={k!s:<5} {row['ms']:8.2f} ms  L={row['acceptance_length']:.2f}  used {row['k_used']}",
                   flush=True)
     del eng
+    if only == "grid":
+        return
     max_len = model.config.max_position_embeddings
     reqs, outs = bench.serving_workload(g["serve_requests"], max_len)
     eng = Engine(model, max_batch_size=g["serve_batch"], max_seq_len=max_len, num_speculative_tokens=kmax,
@@ -175,6 +180,8 @@ def main(argv):
                                    output_lengths=[min(outs), max(outs)])
     path = out / "adaptive_k.json"
     path.write_text(json.dumps(res, indent=1))
+    if only:
+        return
     render(res, out / "adaptive_k.md")
     print((out / "adaptive_k.md").read_text())
 
