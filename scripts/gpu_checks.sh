@@ -37,7 +37,7 @@ run many      2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_moe_gr
                  tests/fast/test_lm_head_rows.py tests/fast/test_many_token_paths.py
 run engine_more 2 python3 -m pytest -q -p no:cacheprovider tests/fast/test_compile_count.py \
                  tests/fast/test_warmup.py tests/fast/test_engine_draft_distribution.py tests/fast/test_engine_adaptive.py \
-                 tests/fast/test_engine_nonfinite.py tests/fast/test_port_dump_fast.py
+                 tests/fast/test_engine_auto.py tests/fast/test_engine_nonfinite.py tests/fast/test_port_dump_fast.py
 ENGINE_LONG="bf16_equals or host_sync or device_uniforms or result_copies"
 run engine    2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "not ($ENGINE_LONG)"
 run engine_bf16   2  python3 -m pytest -q -p no:cacheprovider tests/fast/test_engine.py -k "bf16_equals"

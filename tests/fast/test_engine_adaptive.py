@@ -6,8 +6,8 @@ k = 0 between) through `generate` on one sequence: the tokens equal plain greedy
 every cycle's record (its k, drafts, accepted count) equals the reference's under the same script, and
 afterwards every depth's cache rows that the engine counts as valid equal the reference's and the
 teacher-forced chained fold over the committed tokens. The tiny model's rings wrap within ~15
-positions, so a catch-up that read history a depth had overwritten would fail here. `auto` is lossless
-and reports which k ran; with sampling, the emitted tokens keep the trunk's distribution.
+positions, so a catch-up that read history a depth had overwritten would fail here. `auto` through the
+fast engine: test_engine_auto.py.
 """
 
 import pytest
@@ -17,7 +17,7 @@ from test_engine import (DEVICE, TOL, agreeable_model, compare_rows, engine_conf
 
 from inkling_fast import Engine
 from inkling_ref import generate, speculative as S
-from inkling_ref.decoding.adaptive import AdaptiveDepth, ScriptedDepths
+from inkling_ref.decoding.adaptive import ScriptedDepths
 
 SCRIPTS = {
     "k=1 stretch, then the most": [1] * 12 + [4] * 6,
@@ -75,87 +75,6 @@ def test_scripted_k_equals_reference_and_keeps_the_caches(model, name):
         rows = intact(engine.depth_caches[m], max(top, valid - 1), valid - 1, engine.max_seq_len)
         compare_rows(engine.depth_caches[m], state.depth_caches[m], 0, rows, f"{name}: depth {m} vs reference", TOL)
         compare_rows(engine.depth_caches[m], oracle[m], 0, rows, f"{name}: depth {m} vs fold", TOL)
-
-
-def test_auto_is_lossless_and_reports_the_ks_it_ran(model):
-    engine = Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
-                    device=DEVICE)
-    prompts = [[1, 2, 3, 4, 0, 1], [2, 3]]
-    got = engine.generate(prompts, 24, "auto")
-    assert got.token_ids == generate(model, prompts, 24, 0).token_ids
-    assert sum(got.stats.k_used.values()) == sum(len(c) for c in got.cycles)
-    assert set(got.stats.k_used) <= set(range(5)) and engine.policy.max_k == 4
-    counts = engine.policy.acceptance
-    seen = sum(counts.accepted) + sum(counts.rejected)
-    assert seen > 0, "auto's cycles should have taught it some acceptance"
-    engine.generate(prompts, 8, "auto")                       # the next request learns into the same counts
-    assert engine.policy.acceptance is counts and sum(counts.accepted) + sum(counts.rejected) > seen
-
-
-class Recording(AdaptiveDepth):
-    """AdaptiveDepth that records, per decision, the live count and what it was shown of each sequence."""
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen = []
-
-    def choose(self, live, batch, remaining, current, catchup_rows=None, sequences=None):
-        self.seen.append((live, None if sequences is None else [left for left, _ in sequences]))
-        return super().choose(live, batch, remaining, current, catchup_rows, sequences)
-
-
-def test_auto_sees_each_sequence_once_nothing_waits_and_prefills_at_the_k_it_ran_most(model):
-    """While a prompt waits for a slot, the policy maximizes the batch's tokens per ms (no per-sequence
-    view); once none waits, it sees each live sequence's tokens left and its own accepted counts. The
-    next auto request of that batch size prefills at the k the last one ran most."""
-    engine = Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
-                    device=DEVICE)
-    prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3], [3, 1, 2]], [4, 12, 12]
-    policy = Recording(4, interval=1)
-    got = engine.generate(prompts, limit, policy)
-    assert got.token_ids == [generate(model, [p], n, 0).token_ids[0] for p, n in zip(prompts, limit)]
-    waiting = [s for _, s in policy.seen[1:]]            # [0]: the first decision, for the prefill
-    assert waiting[0] is None, "the third prompt waits: the batch's rate"
-    shown = [s for s in waiting if s is not None]
-    assert shown and all(0 < left <= 12 for s in shown for left in s)
-    assert waiting.index(shown[0]) > 0 and all(s is not None for s in waiting[waiting.index(shown[0]):])
-    assert all(len(s) == live for (live, s) in policy.seen[1:] if s is not None)
-
-    got = engine.generate(prompts[:2], 8, "auto")
-    most = max(got.stats.k_used, key=got.stats.k_used.get)
-    key = next(iter(engine.prefill_depth))
-    assert engine.prefill_depth == {key: most}
-    ks = []
-    launch = engine.scheduler.launch_prefill
-    engine.scheduler.launch_prefill = lambda pending, dec: ks.append(dec.k) or launch(pending, dec)
-    again = engine.generate(prompts[:2], 8, "auto")
-    assert ks and set(ks) == {most}
-    assert again.token_ids == generate(model, prompts[:2], 8, 0).token_ids
-
-
-class PrefillLow(AdaptiveDepth):
-    """AdaptiveDepth that prefills at k = 1 (its first decision) and runs every cycle at k = 4."""
-    def choose(self, live, batch, remaining, current, catchup_rows=None, sequences=None):
-        return 1 if current is None else 4
-
-
-def test_a_prompt_admitted_below_the_batch_k_catches_up_alone(model):
-    """Serving: a prompt takes a freed slot, prefilled at k = 1 while the batch runs k = 4. Only its depth
-    rows are missing, so its catch-up pass holds that sequence alone (batch size 1), and each sequence's
-    drafts then equal the reference's cycle driven by the same ks (a catch-up that wrote another slot,
-    or none, changes them)."""
-    engine = Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
-                    device=DEVICE)
-    poison(engine)
-    prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3, 1, 4, 4, 0, 2], [3, 1, 2, 0, 4, 1, 1, 3, 2]], [3, 12, 8]
-    got = engine.generate(prompts, limit, PrefillLow(4))
-    catchups = [t for t in engine.timings if t.kind == "catchup"]
-    shapes = [(t.shape[0], t.rows) for t in catchups]        # (padded batch size, sequences that miss rows)
-    assert shapes[0] == (2, 2) and shapes[-1] == (1, 1), shapes  # both first prompts, then the newcomer alone
-    for i, (prompt, n) in enumerate(zip(prompts, limit)):
-        assert got.token_ids[i] == generate(model, [prompt], n, 0).token_ids[0]
-        ks = [c.planned for c in got.cycles[i]]
-        _, records = reference_cycles(model, prompt, n, ks)
-        assert [(c.planned, c.drafts, c.accepted) for c in got.cycles[i]] == records, f"sequence {i}"
 
 
 def test_step_keys_of_different_kinds_never_share_a_graph():
