@@ -126,7 +126,7 @@ class Engine:
         self.started_s = math.nan
         self.cycle_costs: dict[tuple, CycleCosts] = {}     # per (sampling params, draft sampling): measured
         self.acceptance: dict[tuple, AcceptanceCounts] = {}   # the same keys: what auto requests saw
-        self.prefill_depth: dict[tuple, int] = {}   # (mode, batch size): the k auto requests prefill at
+        self.prefill_depth: dict[tuple, int] = {}   # prefill_depth_key(...): the k auto requests prefill at
         self.policy: DepthPolicy | None = None             # the depth policy of the last generate, if any
 
     # the parts' state, read by tests, notebooks and benchmarks

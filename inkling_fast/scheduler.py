@@ -211,9 +211,11 @@ class Scheduler:
         a fixed k. The passes hold only the sequences that miss rows, padded to the next captured batch
         size: a prompt admitted below the batch's k (serving) costs the rows of its own sequence, not a
         pass over the whole batch."""
-        needy = [(seq, need) for seq in batch for need in [seq.rows.missing(k)] if need[1]] if self.adaptive else []
+        needs = [(seq, seq.rows.missing(k)) for seq in batch] if self.adaptive else []
+        needy = [(seq, need) for seq, need in needs if need[1]]      # need: (first row, count)
         if not needy:
             return []
+        seqs = [seq for seq, _ in needy]
         T, passes = catchup_passes([need for _, need in needy])
         B, steps = self.batch_size_for(len(needy)), []
         key = CatchupKey(B, T, Decoding(k))
@@ -221,13 +223,13 @@ class Scheduler:
             t0 = time.perf_counter()
             host = torch.zeros(B, 3, dtype=torch.int64)
             host[:, 0] = self.scratch
-            for b, ((seq, _), (first, count)) in enumerate(zip(needy, rows)):
+            for b, (seq, (first, count)) in enumerate(zip(seqs, rows)):
                 host[b] = torch.tensor([seq.slot, first, count])
             launched = self.runner.launch(key, host, timed=True)
             timing = StepTiming("catchup", (B, T), sum(c > 0 for _, c in rows), sum(c for _, c in rows), t0,
                                 host_s=time.perf_counter() - t0)
-            steps.append(LaunchedStep(key, [seq for seq, _ in needy], [], launched, timing))
-        for seq, _ in needy:
+            steps.append(LaunchedStep(key, seqs, [], launched, timing))
+        for seq in seqs:
             seq.rows.caught_up(k)
         return steps
 
