@@ -19,12 +19,18 @@ def model():
     return agreeable_model(engine_config(), seed=3)
 
 
+def small_engine(model):
+    """Two slots, k up to 4, float32; prefill passes of 8 or 16 tokens a row (these prompts are short, and
+    the interpreter's time grows with the padded rows)."""
+    return Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
+                  device=DEVICE, prefill_lengths=[8, 16])
+
+
 def test_auto_is_lossless_and_reports_the_ks_it_ran(model):
-    engine = Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
-                    device=DEVICE)
+    engine = small_engine(model)
     prompts = [[1, 2, 3, 4, 0, 1], [2, 3]]
-    got = engine.generate(prompts, 24, "auto")
-    assert got.token_ids == generate(model, prompts, 24, 0).token_ids
+    got = engine.generate(prompts, 12, "auto")
+    assert got.token_ids == generate(model, prompts, 12, 0).token_ids
     assert sum(got.stats.k_used.values()) == sum(len(c) for c in got.cycles)
     assert set(got.stats.k_used) <= set(range(5)) and engine.policy.max_k == 4
     counts = engine.policy.acceptance
@@ -49,29 +55,28 @@ def test_auto_sees_each_sequence_once_nothing_waits_and_prefills_at_the_k_it_ran
     """While a prompt waits for a slot, the policy maximizes the batch's tokens per ms (no per-sequence
     view); once none waits, it sees each live sequence's tokens left and its own accepted counts. The
     next auto request of that batch size prefills at the k the last one ran most."""
-    engine = Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
-                    device=DEVICE)
-    prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3], [3, 1, 2]], [4, 12, 12]
+    engine = small_engine(model)
+    prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3], [3, 1, 2]], [4, 8, 8]
     policy = Recording(4, interval=1)
     got = engine.generate(prompts, limit, policy)
     assert got.token_ids == [generate(model, [p], n, 0).token_ids[0] for p, n in zip(prompts, limit)]
     waiting = [s for _, s in policy.seen[1:]]            # [0]: the first decision, for the prefill
     assert waiting[0] is None, "the third prompt waits: the batch's rate"
     shown = [s for s in waiting if s is not None]
-    assert shown and all(0 < left <= 12 for s in shown for left in s)
+    assert shown and all(0 < left <= 8 for s in shown for left in s)
     assert waiting.index(shown[0]) > 0 and all(s is not None for s in waiting[waiting.index(shown[0]):])
     assert all(len(s) == live for (live, s) in policy.seen[1:] if s is not None)
 
-    got = engine.generate(prompts[:2], 8, "auto")
+    got = engine.generate(prompts[:2], 6, "auto")
     most = max(got.stats.k_used, key=got.stats.k_used.get)
     key = next(iter(engine.prefill_depth))
     assert engine.prefill_depth == {key: most}
     ks = []
     launch = engine.scheduler.launch_prefill
     engine.scheduler.launch_prefill = lambda pending, dec: ks.append(dec.k) or launch(pending, dec)
-    again = engine.generate(prompts[:2], 8, "auto")
+    again = engine.generate(prompts[:2], 6, "auto")
     assert ks and set(ks) == {most}
-    assert again.token_ids == generate(model, prompts[:2], 8, 0).token_ids
+    assert again.token_ids == generate(model, prompts[:2], 6, 0).token_ids
 
 
 class PrefillLow(AdaptiveDepth):
@@ -85,8 +90,7 @@ def test_a_prompt_admitted_below_the_batch_k_catches_up_alone(model):
     rows are missing, so its catch-up pass holds that sequence alone (batch size 1), and each sequence's
     drafts then equal the reference's cycle driven by the same ks (a catch-up that wrote another slot,
     or none, changes them)."""
-    engine = Engine(model, max_batch_size=2, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
-                    device=DEVICE)
+    engine = small_engine(model)
     poison(engine)
     prompts, limit = [[1, 2, 3, 4, 0, 1], [2, 3, 1, 4, 4, 0, 2], [3, 1, 2, 0, 4, 1, 1, 3, 2]], [3, 12, 8]
     got = engine.generate(prompts, limit, PrefillLow(4))
