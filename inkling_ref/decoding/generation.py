@@ -352,7 +352,7 @@ def generate(model: InklingModel, prompt_ids, max_new_tokens: int,
         raise ValueError(f"model must be an InklingModel (e.g. load_checkpoint(path)), got {type(model).__name__}")
     if isinstance(max_new_tokens, (list, tuple)):
         raise ValueError(f"max_new_tokens must be an integer, got {_describe(max_new_tokens)}: this generate "
-                         "takes one limit for every prompt (inkling_fast.Engine.generate takes one per prompt)")
+                         "takes one limit for every prompt (the fast engine's Engine.generate takes one per prompt)")
     prompts = normalize_prompts(prompt_ids)
     params = SamplingParams(temperature, top_k, top_p)
     validate(Limits.of_model(model), prompts, max_new_tokens, num_speculative_tokens, draft_sampling, seed,
