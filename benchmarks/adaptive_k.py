@@ -22,9 +22,10 @@ is written after every point, so that a run cut short keeps what it measured.
 --where runs, at each batch size and on the serving workload, a fixed k beside the same k through the
 adaptive machinery (ScriptedDepths([k]): cycles timed on the device, depth rows booked per sequence,
 catch-ups when needed) and beside auto, and reports per timed call: the wall time, the host time per
-cycle, the wall time per cycle, the catch-up passes, the graphs captured inside the call, and auto's
-changes of k, with the k of each cycle of the longest sequence in order. It says whether auto's cost
-is the machinery, its choices, or setup done inside a call.
+cycle, the wall time per cycle, the catch-up passes, the graphs captured inside the call (each one's
+step kind, batch size, length and k), and auto's changes of k, with the k of each cycle of the longest
+sequence in order. It says whether auto's cost is the machinery, its choices, or setup done inside a
+call. The serving rows of the main run list the graphs captured inside their timed call too.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def k_path(cycles) -> str:
     return ", ".join(f"{k} x {n}" for k, n in runs)
 
 
+def captured_since(eng, before: int) -> list[str]:
+    """The step graphs the engine captured after its first `before` ones: kind, batch size, length, k."""
+    return [f"{type(key).__name__.removesuffix('Key').lower()} B={key.batch_size} T={getattr(key, 'length', '-')} "
+            f"k={key.decoding.k}" for key in list(eng.graphs)[before:]]
+
+
 def where(eng, prompts, new_tokens, variants, repeats):
     """Best of `repeats` timed calls (after a warm-up call) per (name, make_policy) in `variants`."""
     rows = []
@@ -78,7 +85,7 @@ def where(eng, prompts, new_tokens, variants, repeats):
                        host_ms_per_cycle=1e3 * sum(t.host_s for t in cycles) / max(1, len(cycles)),
                        wall_ms_per_cycle=1e3 * (cycles[-1].ready_s - cycles[0].ready_s) / max(1, len(cycles) - 1),
                        catchup_passes=len(catchups), catchup_rows=sum(t.tokens for t in catchups),
-                       graphs_captured_in_call=len(eng.graphs) - graphs,
+                       graphs_captured_in_call=len(eng.graphs) - graphs, captured=captured_since(eng, graphs),
                        k_changes_per_sequence=changes, k_used={str(k): n for k, n in r.stats.k_used.items()},
                        k_path=k_path(max(r.cycles, key=len)))
             if best is None or row["ms"] < best["ms"]:
@@ -86,7 +93,8 @@ def where(eng, prompts, new_tokens, variants, repeats):
         rows.append(best)
         print(f"{best['name']:>12} B={best['batch']:<3} {best['ms']:8.2f} ms  host {best['host_ms_per_cycle']:.3f} "
               f"wall {best['wall_ms_per_cycle']:.3f} ms/cycle  catch-ups {best['catchup_passes']} "
-              f"({best['catchup_rows']} rows)  graphs in call {best['graphs_captured_in_call']}  "
+              f"({best['catchup_rows']} rows)  graphs in call {best['graphs_captured_in_call']} "
+              f"[{', '.join(best['captured'][:6])}]  "
               f"k changes {best['k_changes_per_sequence']}  used {best['k_used']}  longest sequence's ks "
               f"{best['k_path']}", flush=True)
     return rows
@@ -167,14 +175,21 @@ def main(argv):
     eng = Engine(model, max_batch_size=g["serve_batch"], max_seq_len=max_len, num_speculative_tokens=kmax,
                  dtype=torch.bfloat16, use_cuda_graphs=graphs)
     for k in [k for k in (0, 2, 4, 8, "auto") if k == "auto" or k <= kmax]:
-        runs = [eng.generate(reqs, max_new_tokens=outs, num_speculative_tokens=k) for _ in range(1 + (0 if dry else 2))]
-        best = min(runs[1:] or runs, key=lambda r: r.elapsed_s)
+        runs, captured = [], []
+        for _ in range(1 + (0 if dry else 2)):
+            before = len(eng.graphs)
+            runs.append(eng.generate(reqs, max_new_tokens=outs, num_speculative_tokens=k))
+            captured.append(captured_since(eng, before))
+        i = min(range(1, len(runs)) if len(runs) > 1 else [0], key=lambda j: runs[j].elapsed_s)
+        best = runs[i]
         row = dict(k=k, seconds=best.elapsed_s, output_tokens_per_s=sum(outs) / best.elapsed_s,
+                   captured_in_call=captured[i],
                    acceptance_length=best.stats.acceptance_length if k != 0 else 1.0,
                    k_used={str(j): n for j, n in best.stats.k_used.items()})
         res["serving"].append(row)
         (out / "adaptive_k.json").write_text(json.dumps(res, indent=1))
-        print(f"serving k={k!s:<5} {row['output_tokens_per_s']:9.0f} tok/s  used {row['k_used']}", flush=True)
+        print(f"serving k={k!s:<5} {row['output_tokens_per_s']:9.0f} tok/s  used {row['k_used']}  "
+              f"graphs captured in the call {len(captured[i])}: {', '.join(captured[i][:6])}", flush=True)
     res["serving_workload"] = dict(requests=len(reqs), max_batch_size=g["serve_batch"],
                                    prompt_lengths=[min(map(len, reqs)), max(map(len, reqs))],
                                    output_lengths=[min(outs), max(outs)])
