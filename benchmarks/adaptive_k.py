@@ -85,7 +85,7 @@ def where(eng, prompts, new_tokens, variants, repeats):
                        host_ms_per_cycle=1e3 * sum(t.host_s for t in cycles) / max(1, len(cycles)),
                        wall_ms_per_cycle=1e3 * (cycles[-1].ready_s - cycles[0].ready_s) / max(1, len(cycles) - 1),
                        catchup_passes=len(catchups), catchup_rows=sum(t.tokens for t in catchups),
-                       graphs_captured_in_call=len(eng.graphs) - graphs, captured=captured_since(eng, graphs),
+                       captured_in_call=captured_since(eng, graphs),
                        k_changes_per_sequence=changes, k_used={str(k): n for k, n in r.stats.k_used.items()},
                        k_path=k_path(max(r.cycles, key=len)))
             if best is None or row["ms"] < best["ms"]:
@@ -93,8 +93,8 @@ def where(eng, prompts, new_tokens, variants, repeats):
         rows.append(best)
         print(f"{best['name']:>12} B={best['batch']:<3} {best['ms']:8.2f} ms  host {best['host_ms_per_cycle']:.3f} "
               f"wall {best['wall_ms_per_cycle']:.3f} ms/cycle  catch-ups {best['catchup_passes']} "
-              f"({best['catchup_rows']} rows)  graphs in call {best['graphs_captured_in_call']} "
-              f"[{', '.join(best['captured'][:6])}]  "
+              f"({best['catchup_rows']} rows)  graphs in call {len(best['captured_in_call'])} "
+              f"[{', '.join(best['captured_in_call'][:6])}]  "
               f"k changes {best['k_changes_per_sequence']}  used {best['k_used']}  longest sequence's ks "
               f"{best['k_path']}", flush=True)
     return rows
@@ -180,7 +180,7 @@ def main(argv):
             before = len(eng.graphs)
             runs.append(eng.generate(reqs, max_new_tokens=outs, num_speculative_tokens=k))
             captured.append(captured_since(eng, before))
-        i = min(range(1, len(runs)) if len(runs) > 1 else [0], key=lambda j: runs[j].elapsed_s)
+        i = min(range(1, len(runs)) or range(1), key=lambda j: runs[j].elapsed_s)   # after the warm-up call
         best = runs[i]
         row = dict(k=k, seconds=best.elapsed_s, output_tokens_per_s=sum(outs) / best.elapsed_s,
                    captured_in_call=captured[i],
