@@ -4,6 +4,7 @@
     python benchmarks/adaptive_k.py --render DIR/adaptive_k.json   # the page from a JSON (docs/benchmarks/)
     python benchmarks/adaptive_k.py --dry                   # CPU, Triton interpreter, tiny sizes: the script runs
     python benchmarks/adaptive_k.py --where --out DIR      # GPU: where auto's time goes (DIR/adaptive_k_where.json)
+    python benchmarks/adaptive_k.py --where --only serving --out DIR   # the same, serving workload only
     python benchmarks/adaptive_k.py --out DIR --only serving   # one workload (grid or serving), no page
     INKLING_SRC=OLD_TREE python benchmarks/adaptive_k.py ...   # the same on another tree's packages (before/after)
 
@@ -73,7 +74,9 @@ def where(eng, prompts, new_tokens, variants, repeats):
     """Best of `repeats` timed calls (after a warm-up call) per (name, make_policy) in `variants`."""
     rows = []
     for name, make in variants:
+        graphs = len(eng.graphs)
         eng.generate(prompts, max_new_tokens=new_tokens, num_speculative_tokens=make())
+        print(f"{name:>12} B={len(prompts):<3} warm-up call: {len(eng.graphs) - graphs} graphs captured", flush=True)
         best = None
         for _ in range(repeats):
             graphs = len(eng.graphs)
@@ -88,6 +91,8 @@ def where(eng, prompts, new_tokens, variants, repeats):
                        captured_in_call=captured_since(eng, graphs),
                        k_changes_per_sequence=changes, k_used={str(k): n for k, n in r.stats.k_used.items()},
                        k_path=k_path(max(r.cycles, key=len)))
+            print(f"{name:>12} B={len(prompts):<3} timed call {row['ms']:8.2f} ms, graphs captured in it: "
+                  f"{', '.join(row['captured_in_call']) or 'none'}", flush=True)
             if best is None or row["ms"] < best["ms"]:
                 best = row
         rows.append(best)
@@ -100,7 +105,7 @@ def where(eng, prompts, new_tokens, variants, repeats):
     return rows
 
 
-def main_where(out, dry):
+def main_where(out, dry, only=None):
     import torch
     from inkling_fast import Engine
     from inkling_ref.decoding.adaptive import ScriptedDepths
@@ -118,7 +123,7 @@ def main_where(out, dry):
 
     eng = Engine(model, max_batch_size=max(g["req_batches"]), max_seq_len=L + new_tokens + 1, num_speculative_tokens=kmax,
                  dtype=torch.bfloat16, batch_sizes=list(g["req_batches"]), use_cuda_graphs=graphs)
-    for B in g["req_batches"]:
+    for B in g["req_batches"] if only != "serving" else ():
         ks = sorted({min(kmax, 2), min(kmax, 4)} | ({min(kmax, 8)} if B == 1 else set()))
         res["grid"] += where(eng, prompts[:B], new_tokens, variants(ks), 1 if dry else 3)
         (out / "adaptive_k_where.json").write_text(json.dumps(res, indent=1))
@@ -134,7 +139,7 @@ def main(argv):
     if "--where" in argv:
         out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path("/tmp")
         out.mkdir(parents=True, exist_ok=True)
-        main_where(out, bench.DRY)
+        main_where(out, bench.DRY, argv[argv.index("--only") + 1] if "--only" in argv else None)
         return
     if "--render" in argv:
         path = Path(argv[argv.index("--render") + 1])
