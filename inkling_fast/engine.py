@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from dataclasses import replace
 
 import torch
 
@@ -37,9 +38,9 @@ from .device_steps import DeviceSteps
 from .eager_prefill import prefill_one
 from .graphs import StepRunner
 from .kernels.common import interpreting
-from .prefill_plan import default_prefill_lengths
+from .prefill_plan import default_prefill_lengths, possible_passes
 from .scheduler import Request, Scheduler, Sequence
-from .step_io import Batch, CatchupKey, CycleKey, Decoding
+from .step_io import Batch, CatchupKey, CycleKey, Decoding, PrefillKey
 from .warmup import SetupReport, warmup
 from .weights import load_weights
 
@@ -123,7 +124,7 @@ class Engine:
         self.scheduler = Scheduler(self.runner, state.scratch, max_batch_size, sorted(set(sizes)),
                                    sorted(set(lengths)), prefill_tokens, reference)
         self.request_times: list[tuple[float, float]] = []
-        self.started_s = math.nan
+        self.started_s = self.setup_s = math.nan
         self.cycle_costs: dict[tuple, CycleCosts] = {}     # per (sampling params, draft sampling): measured
         self.acceptance: dict[tuple, AcceptanceCounts] = {}   # the same keys: what auto requests saw
         self.prefill_depth: dict[tuple, int] = {}   # prefill_depth_key(...): the k auto requests prefill at
@@ -194,12 +195,18 @@ class Engine:
         may also be a list, one limit per prompt. Prompts beyond max_batch_size wait for a free slot. overlap: the loop (None: the
         engine's default; scheduler.py). Host timings are left in `self.timings` (per step) and
         `self.request_times` (per prompt: when its first token and its last were booked),
-        time.perf_counter seconds from `self.started_s`."""
+        time.perf_counter seconds from `self.started_s`; `self.setup_s` holds the seconds the call spent
+        before that (with auto: cycle costs measured and graphs captured), which the result's elapsed_s
+        leaves out."""
+        start = time.perf_counter()
         request = self.request(prompt_ids, max_new_tokens, num_speculative_tokens, temperature, top_k, top_p,
                                draft_sampling, seed, eos_token_id)
         if isinstance(request.policy, AdaptiveDepth):
             self.measure_cycle_costs(request)
+            request = replace(request, prefill_k=self.choose_prefill_k(request))
+            self.capture_prefill_passes(request)
         t0 = self.started_s = time.perf_counter()
+        self.setup_s = t0 - start
         seqs = self.scheduler.run(request, self.overlap if overlap is None else overlap)
         elapsed = time.perf_counter() - t0
         self.request_times = [(s.first_s, s.done_s) for s in seqs]
@@ -231,6 +238,28 @@ class Engine:
                 for T in CATCHUP_LENGTHS if k else ():
                     if (B, k, T) not in costs.catchup:
                         costs.add(costs.catchup, (B, k, T), self.runner.time_padding(CatchupKey(B, T, Decoding(k))))
+
+    def choose_prefill_k(self, request: Request) -> int:
+        """The k of the depth rows an auto request's prefill passes write: the k the last auto request of
+        its decoding mode and first batch size ran most (`request.prefill_k`), else the policy's choice for
+        the first batch the request admits."""
+        if request.prefill_k is not None:
+            return request.prefill_k
+        first = min(len(request.prompts), self.max_batch_size)
+        return request.policy.choose(first, self.scheduler.batch_size_for(first), max(request.max_new_tokens[:first]),
+                                     None)
+
+    def capture_prefill_passes(self, request: Request) -> None:
+        """Capture the graph of every prefill pass `request` may run (prefill_plan.possible_passes, at its
+        prefill k) before its timer starts. A policy's choices of k decide when sequences finish, so which
+        prompts are admitted together, and with them the shapes of the passes, differ from call to call:
+        captured on first use, they would be captured inside the request."""
+        dec = request.decoding
+        top = self.scheduler.batch_size_for(min(len(request.prompts), self.max_batch_size))
+        sizes = [b for b in self.scheduler.batch_sizes if b <= top]
+        for B, T in possible_passes([len(p) for p in request.prompts], self.prefill_lengths, sizes,
+                                    self.prefill_tokens):
+            self.runner.capture(PrefillKey(B, T, Decoding(request.prefill_k, dec.params, dec.draft_sampling)))
 
     def warmup(self, prompt_ids, **generate_kwargs) -> SetupReport:
         """Pay a request's setup up front: run `generate(prompt_ids, **generate_kwargs)` once and discard it,

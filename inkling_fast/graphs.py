@@ -44,6 +44,7 @@ class StepGraph:
             self.out = step(self.input)
         self.replays = 0
         self.uploaded: torch.Tensor | None = None               # the host tensor last copied into `input`
+        self.captured_s = time.perf_counter()                   # when (time.perf_counter seconds)
 
     def run(self, host_input: torch.Tensor, upload: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
         """upload(host_input, self.input) unless the same values are already there, replay, and return
@@ -81,11 +82,15 @@ class StepRunner:
         self.graphs: dict[StepKey, StepGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if use_cuda_graphs else None
 
-    def launch(self, key: StepKey, host_input: torch.Tensor, timed: bool = False) -> Launched:
-        """Run the step `key` on `host_input` (timed: between two device events, CUDA only)."""
+    def capture(self, key: StepKey) -> None:
+        """Capture the graph of step `key` unless it exists (nothing when steps run eagerly)."""
         if self.use_cuda_graphs and key not in self.graphs:
             self.graphs[key] = StepGraph(self.pool, lambda rows: self.steps.run(key, rows),
                                          self.steps.padding_input(key, self.device))
+
+    def launch(self, key: StepKey, host_input: torch.Tensor, timed: bool = False) -> Launched:
+        """Run the step `key` on `host_input` (timed: between two device events, CUDA only)."""
+        self.capture(key)
         cuda = self.device.type == "cuda"
         events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if timed and cuda \
             else None

@@ -60,3 +60,14 @@ def prefill_passes(prompt_lengths: list[int], lengths: list[int], batch_sizes: l
         passes.append((B, T))
         remaining = [r - T for r in remaining[:rows] if r > T] + remaining[rows:]
     return passes
+
+
+def possible_passes(prompt_lengths: list[int], lengths: list[int], batch_sizes: list[int],
+                    budget: int) -> list[tuple[int, int]]:
+    """Every (B, T) that plan_prefill_pass may return for prompts of these lengths, however they are
+    admitted (any subset, in any groups, with any chunks already done): B any of `batch_sizes` (pass only
+    those a request can fill), T any length up to the shortest one that holds the longest prompt (a
+    longer T holds no more real tokens and pads more, so the plan never picks it), B * T <= budget."""
+    longest = max(prompt_lengths)
+    cap = min((t for t in lengths if t >= longest), default=max(lengths))
+    return [(B, T) for T in sorted(lengths) if T <= cap for B in sorted(batch_sizes) if B * T <= budget]

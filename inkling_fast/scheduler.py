@@ -23,8 +23,8 @@ With a depth policy (num_speculative_tokens="auto": inkling_ref.decoding.adaptiv
 is the policy's choice for the batch it launches: the policy sees every cycle's measured device time
 and accepted counts when the cycle is booked, and, once no prompt waits for a slot, each sequence's
 tokens left and its own accepted counts (the batch then ends with its slowest sequence). Every prefill
-pass of a request writes the depth rows of one k, `Request.prefill_k` (None: the policy's first
-choice), so that its captured graphs are the same from pass to pass. Before a cycle at another k than
+pass of a request writes the depth rows of one k, `Request.prefill_k` (None: the policy's largest k;
+`Engine.generate` sets it for auto), so that its captured graphs are the same from pass to pass. Before a cycle at another k than
 the one in flight, the scheduler books what is in flight (one wait: the only one k changes add), then
 launches the catch-up passes the depths need (catchup.py) and the cycle.
 
@@ -56,7 +56,7 @@ class Request:
     """One checked `generate` call: its prompts, a limit of new tokens per prompt, how it decodes (k: the
     most drafts a cycle makes), a seed per sequence, the EOS id (None: none), and the policy that
     picks each cycle's k (None: k throughout), and the k of its prefill passes under a policy (None: the
-    policy's first choice)."""
+    policy's largest k)."""
     prompts: list[list[int]]
     max_new_tokens: list[int]
     decoding: Decoding
@@ -163,11 +163,7 @@ class Scheduler:
             steps = []
             if pending and not (decoding and after_pass):      # running sequences wait one pass at most
                 if self.adaptive and k_prefill is None:        # the k of the request's depth rows at prefill
-                    first = pending[: self.max_batch_size]
-                    k_prefill = k_last = request.prefill_k if request.prefill_k is not None else \
-                        self.policy.max_k if not isinstance(self.policy, AdaptiveDepth) else \
-                        self.policy.choose(len(first), self.batch_size_for(len(first)),
-                                           max(s.stop - len(s.prompt) for s in first), None)
+                    k_prefill = k_last = self.policy.max_k if request.prefill_k is None else request.prefill_k
                 step = self.launch_prefill(pending, Decoding(k_prefill, dec.params, dec.draft_sampling)
                                            if self.adaptive else dec)
                 for seq, last in zip(step.seqs, step.last):

@@ -40,7 +40,7 @@ import inkling_ref
 from inkling_fast import Engine, weights
 from inkling_fast.caches import FIELDS
 from inkling_fast.step_io import Decoding
-from inkling_fast.prefill_plan import default_prefill_lengths, plan_prefill_pass
+from inkling_fast.prefill_plan import default_prefill_lengths, plan_prefill_pass, possible_passes
 from inkling_ref import InklingConfig, generate, load_checkpoint, random_model, save_checkpoint
 from inkling_ref import speculative as S
 from inkling_ref.decoding.generation import AcceptanceStats, Uniforms, sequence_seed
@@ -349,6 +349,29 @@ def test_prefill_plan_against_brute_force():
         assert (sum(min(r, T) for r in remaining[:rows]), -B * T) == best, (remaining, lens, bs, budget)
     with pytest.raises(ValueError, match="smallest batch size 2 times the shortest length 4 exceeds it"):
         plan_prefill_pass([3], [4], [2], 7)
+
+
+def test_possible_passes_hold_every_pass_the_plan_makes():
+    """possible_passes lists every (B, T) plan_prefill_pass returns for a request's prompts, whichever of
+    them are pending together and however far their chunks are: what auto captures before a request."""
+    sizes, lengths = [1, 2, 4, 8, 16, 32], default_prefill_lengths(4096)
+    assert possible_passes([240, 30], lengths, [1, 2], 4096) == [(b, t) for t in (16, 32, 64, 128, 256) for b in (1, 2)]
+    assert max(t for _, t in possible_passes([5000], lengths, sizes, 4096)) == 4096
+    assert max(t for _, t in possible_passes([64, 3], lengths, sizes, 4096)) == 64     # a prompt that fits T exactly
+    rng = random.Random(1)
+    for _ in range(400):
+        prompts = [rng.randint(1, 300) for _ in range(rng.randint(1, 12))]
+        lens = sorted(rng.sample([1, 2, 3, 5, 8, 16, 30, 64, 100, 256], rng.randint(1, 4)))
+        bs = sorted(rng.sample([1, 2, 3, 4, 6, 8, 16], rng.randint(1, 4)))
+        budget = rng.randint(min(lens) * min(bs), max(2000, min(lens) * min(bs)))
+        max_batch = max(bs)
+        top = next(b for b in bs if b >= min(len(prompts), max_batch))
+        allowed = set(possible_passes(prompts, lens, [b for b in bs if b <= top], budget))
+        for _ in range(5):                   # any group of at most max_batch pending prompts, any chunks done
+            pending = rng.sample(prompts, rng.randint(1, min(len(prompts), max_batch)))
+            remaining = [rng.randint(1, L) for L in pending]
+            rows, T, B = plan_prefill_pass(remaining, lens, bs, budget)
+            assert (B, T) in allowed, (prompts, remaining, lens, bs, budget)
 
 
 def assert_prefill_state(engine: Engine, slot: int, prompt: list[int], k: int, stop: int, first: int,

@@ -1,8 +1,11 @@
 """`num_speculative_tokens="auto"` through the fast engine, float32 against the reference: lossless,
 reporting which k ran, learning into the engine's acceptance counts; what the policy is shown (the
-batch's rate while a prompt waits, each sequence once none waits); the sticky prefill k; and a prompt
-admitted below the batch's k, whose catch-up pass holds that sequence alone.
+batch's rate while a prompt waits, each sequence once none waits); the sticky prefill k; a prompt
+admitted below the batch's k, whose catch-up pass holds that sequence alone; and (GPU) that every graph
+an auto request needs is captured before it starts.
 """
+
+import random
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from test_engine import DEVICE, agreeable_model, engine_config, exact_fp32, one_
 from test_engine_adaptive import reference_cycles
 
 from inkling_fast import Engine
+from inkling_fast.prefill_plan import possible_passes
 from inkling_ref import generate
 from inkling_ref.decoding.adaptive import AdaptiveDepth
 
@@ -33,6 +37,10 @@ def test_auto_is_lossless_and_reports_the_ks_it_ran(model):
     assert got.token_ids == generate(model, prompts, 12, 0).token_ids
     assert sum(got.stats.k_used.values()) == sum(len(c) for c in got.cycles)
     assert set(got.stats.k_used) <= set(range(5)) and engine.policy.max_k == 4
+    passes = {t.shape for t in engine.timings if t.kind == "prefill"}    # what a GPU captures before the call
+    assert passes and passes <= set(possible_passes([len(p) for p in prompts], engine.prefill_lengths,
+                                                    engine.batch_sizes, engine.prefill_tokens))
+    assert 0 <= engine.setup_s < got.elapsed_s
     counts = engine.policy.acceptance
     seen = sum(counts.accepted) + sum(counts.rejected)
     assert seen > 0, "auto's cycles should have taught it some acceptance"
@@ -102,3 +110,22 @@ def test_a_prompt_admitted_below_the_batch_k_catches_up_alone(model):
         ks = [c.planned for c in got.cycles[i]]
         _, records = reference_cycles(model, prompt, n, ks)
         assert [(c.planned, c.drafts, c.accepted) for c in got.cycles[i]] == records, f"sequence {i}"
+
+
+@pytest.mark.gpu
+def test_gpu_auto_captures_every_graph_before_the_request_starts(model):
+    """An auto request's graphs (its cycles and catch-up passes at every k, and every prefill pass it may
+    run at its prefill k) are captured before its timer starts, also when its prompts are admitted in
+    other groups than in the last call: nothing is captured while a request runs. Lossless throughout."""
+    engine = Engine(model, max_batch_size=4, max_seq_len=64, num_speculative_tokens=4, dtype=torch.float32,
+                    prefill_tokens=32, prefill_lengths=[4, 8, 16])
+    rng = random.Random(5)
+    prompts = [[rng.randrange(model.config.vocab_out) for _ in range(rng.randint(1, 20))]
+               for _ in range(9)]
+    for call in range(3):
+        limits = [rng.randint(2, 24) for _ in prompts]        # other finishing times: other admission groups
+        got = engine.generate(prompts, limits, "auto")
+        assert any(t.kind == "prefill" for t in engine.timings) and engine.setup_s >= 0
+        late = [key for key, graph in engine.graphs.items() if graph.captured_s >= engine.started_s]
+        assert not late, f"call {call}: graphs captured while the request ran: {late}"
+        assert got.token_ids == [generate(model, [p], n, 0).token_ids[0] for p, n in zip(prompts, limits)]
