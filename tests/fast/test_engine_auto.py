@@ -6,14 +6,16 @@ an auto request needs is captured before it starts.
 """
 
 import random
+import time
 
 import pytest
 import torch
 from test_engine import DEVICE, agreeable_model, engine_config, exact_fp32, one_thread, poison  # noqa: F401
 from test_engine_adaptive import reference_cycles
 
-from inkling_fast import Engine
+from inkling_fast import Engine, graphs
 from inkling_fast.prefill_plan import possible_passes
+from inkling_fast.step_io import PrefillKey
 from inkling_ref import generate
 from inkling_ref.decoding.adaptive import AdaptiveDepth
 
@@ -110,6 +112,38 @@ def test_a_prompt_admitted_below_the_batch_k_catches_up_alone(model):
         ks = [c.planned for c in got.cycles[i]]
         _, records = reference_cycles(model, prompt, n, ks)
         assert [(c.planned, c.drafts, c.accepted) for c in got.cycles[i]] == records, f"sequence {i}"
+
+
+class RecordedGraph:
+    """A CPU stand-in for graphs.StepGraph: records when the step's graph would be captured, and replays
+    by running the step on its static input (what a replay computes)."""
+    def __init__(self, pool, step, padding_input):
+        self.step, self.input, self.replays, self.captured_s = step, padding_input, 0, time.perf_counter()
+
+    def run(self, host_input, upload):
+        upload(host_input, self.input)
+        self.replays += 1
+        return self.step(self.input)
+
+
+def test_auto_captures_its_prefill_passes_before_the_request_starts(model, monkeypatch):
+    """Through graphs (recorded on the CPU): every prefill pass of an auto request (AdaptiveDepth; here one
+    that prefills at k = 1, below the engine's 4), the one of a prompt admitted into a freed slot
+    included, replays a graph captured at that k before the request's timer started (its cycles are
+    captured before it only on a GPU, where their costs are measured up front)."""
+    monkeypatch.setattr(graphs, "StepGraph", RecordedGraph)
+    engine = small_engine(model)
+    engine.runner.use_cuda_graphs = True
+    prompts, limit = [[1, 2, 3], [2, 3, 1, 4], [3, 1]], [2, 4, 3]
+    got = engine.generate(prompts, limit, PrefillLow(4))
+    assert got.token_ids == [generate(model, [p], n, 0).token_ids[0] for p, n in zip(prompts, limit)]
+    passes = [t for t in engine.timings if t.kind == "prefill"]
+    assert len(passes) >= 2, "the third prompt waits for a slot: a second pass"
+    prefill = {key: g for key, g in engine.graphs.items() if isinstance(key, PrefillKey)}
+    assert {(key.batch_size, key.length) for key in prefill} >= {t.shape for t in passes}
+    assert {key.decoding.k for key in prefill} == {1}, "a request's passes write the depth rows of its prefill k"
+    late = [key for key, g in prefill.items() if g.captured_s >= engine.started_s]
+    assert not late, f"prefill graphs captured while the request ran: {late}"
 
 
 @pytest.mark.gpu
