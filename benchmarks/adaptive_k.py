@@ -106,7 +106,8 @@ def where(eng, prompts, new_tokens, variants, repeats):
                        k_changes_per_sequence=changes, k_used={str(k): n for k, n in r.stats.k_used.items()},
                        k_path=k_path(max(r.cycles, key=len)))
             print(f"{name:>12} B={len(prompts):<3} timed call {row['ms']:8.2f} ms (setup before it "
-                  f"{row['setup_ms']:.1f} ms), graphs captured in it: {len(row['captured_in_call'])} {row['captured_in_call']}", flush=True)
+                  f"{row['setup_ms']:.1f} ms), graphs captured in it: {len(row['captured_in_call'])} "
+                  f"{row['captured_in_call']}", flush=True)
             if best is None or row["ms"] < best["ms"]:
                 best = row
         rows.append(best)
@@ -207,8 +208,8 @@ def main(argv):
         res["serving"].append(row)
         (out / "adaptive_k.json").write_text(json.dumps(res, indent=1))
         print(f"serving k={k!s:<5} {row['output_tokens_per_s']:9.0f} tok/s  used {row['k_used']}  "
-              f"setup {row['setup_ms']:.1f} ms, graphs captured in the call: {len(row['captured_in_call'])} {row['captured_in_call']}",
-              flush=True)
+              f"setup {row['setup_ms']:.1f} ms, graphs captured in the call: {len(row['captured_in_call'])} "
+              f"{row['captured_in_call']}", flush=True)
     res["serving_workload"] = dict(requests=len(reqs), max_batch_size=g["serve_batch"],
                                    prompt_lengths=[min(map(len, reqs)), max(map(len, reqs))],
                                    output_lengths=[min(outs), max(outs)])

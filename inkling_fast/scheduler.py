@@ -24,9 +24,10 @@ is the policy's choice for the batch it launches: the policy sees every cycle's 
 and accepted counts when the cycle is booked, and, once no prompt waits for a slot, each sequence's
 tokens left and its own accepted counts (the batch then ends with its slowest sequence). Every prefill
 pass of a request writes the depth rows of one k, `Request.prefill_k` (None: the policy's largest k;
-`Engine.generate` sets it for auto), so that its captured graphs are the same from pass to pass. Before a cycle at another k than
-the one in flight, the scheduler books what is in flight (one wait: the only one k changes add), then
-launches the catch-up passes the depths need (catchup.py) and the cycle.
+`Engine.generate` sets it for auto), so that its captured graphs are the same from pass to pass.
+Before a cycle at another k than the one in flight, the scheduler books what is in flight (one wait:
+the only one k changes add), then launches the catch-up passes the depths need (catchup.py) and the
+cycle.
 
 Host timings of each step land in `StepTiming`s; nothing here changes what a step computes.
 """
