@@ -180,7 +180,12 @@ class Engine:
 
     def prefill_depth_key(self, dec: Decoding, num_prompts: int) -> tuple:
         """Where an auto request's prefill k is kept: its decoding mode and its first batch size."""
-        return dec.params, dec.draft_sampling, self.scheduler.batch_size_for(min(num_prompts, self.max_batch_size))
+        return dec.params, dec.draft_sampling, self.first_batch_size(num_prompts)
+
+    def first_batch_size(self, num_prompts: int) -> int:
+        """The captured batch size of a request's first batch (its prompts, at most max_batch_size of them):
+        the largest any of its steps runs at."""
+        return self.scheduler.batch_size_for(min(num_prompts, self.max_batch_size))
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int | list[int],
@@ -229,7 +234,7 @@ class Engine:
         if self.device.type != "cuda":
             return
         costs, dec = request.policy.costs, request.decoding
-        top = self.scheduler.batch_size_for(min(len(request.prompts), self.max_batch_size))
+        top = self.first_batch_size(len(request.prompts))
         for B in [b for b in self.scheduler.batch_sizes if b <= top]:
             for k in range(request.policy.max_k + 1):
                 if (B, k) not in costs.cycles:
@@ -246,8 +251,7 @@ class Engine:
         if request.prefill_k is not None:
             return request.prefill_k
         first = min(len(request.prompts), self.max_batch_size)
-        return request.policy.choose(first, self.scheduler.batch_size_for(first), max(request.max_new_tokens[:first]),
-                                     None)
+        return request.policy.choose(first, self.first_batch_size(first), max(request.max_new_tokens[:first]), None)
 
     def capture_prefill_passes(self, request: Request) -> None:
         """Capture the graph of every prefill pass `request` may run (prefill_plan.possible_passes, at its
@@ -255,7 +259,7 @@ class Engine:
         prompts are admitted together, and with them the shapes of the passes, differ from call to call:
         captured on first use, they would be captured inside the request."""
         dec = request.decoding
-        top = self.scheduler.batch_size_for(min(len(request.prompts), self.max_batch_size))
+        top = self.first_batch_size(len(request.prompts))
         sizes = [b for b in self.scheduler.batch_sizes if b <= top]
         for B, T in possible_passes([len(p) for p in request.prompts], self.prefill_lengths, sizes,
                                     self.prefill_tokens):

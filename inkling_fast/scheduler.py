@@ -149,7 +149,10 @@ class Scheduler:
         pending: list[Sequence] = []             # admitted; prompt chunks still to launch
         decoding: dict[int, Sequence] = {}       # slot -> sequence: prompt launched, not known to be finished
         inflight: deque[LaunchedStep] = deque()
-        after_pass, k_last, k_prefill = False, None, None
+        after_pass, k_last, prefill_dec = False, None, dec
+        if self.adaptive:                        # every pass writes the depth rows of one k: the first cycles'
+            k_last = self.policy.max_k if request.prefill_k is None else request.prefill_k
+            prefill_dec = Decoding(k_last, dec.params, dec.draft_sampling)
 
         def book(step: LaunchedStep) -> None:
             for seq in self.book(step):
@@ -163,10 +166,7 @@ class Scheduler:
                 pending.append(seq)
             steps = []
             if pending and not (decoding and after_pass):      # running sequences wait one pass at most
-                if self.adaptive and k_prefill is None:        # the k of the request's depth rows at prefill
-                    k_prefill = k_last = self.policy.max_k if request.prefill_k is None else request.prefill_k
-                step = self.launch_prefill(pending, Decoding(k_prefill, dec.params, dec.draft_sampling)
-                                           if self.adaptive else dec)
+                step = self.launch_prefill(pending, prefill_dec)
                 for seq, last in zip(step.seqs, step.last):
                     if last and seq.stop > len(seq.prompt) + 1:      # max_new_tokens = 1: x_L is all
                         decoding[seq.slot] = seq
